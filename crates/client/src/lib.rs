@@ -1,0 +1,1 @@
+//! The tensorwire client library: connect by URI, look up models, infer (blocking and pipelined).

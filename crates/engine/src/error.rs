@@ -1,0 +1,31 @@
+//! The engine's error type.
+
+use thiserror::Error;
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// The inputs do not fit the model's signature.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The model file could not be read or parsed.
+    #[error("cannot load model {path}: {reason}")]
+    Load {
+        /// The model file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The ONNX Runtime shared library could not be found or loaded.
+    #[error("ONNX Runtime unavailable: {0}")]
+    Runtime(String),
+    /// The model uses a type tensorwire cannot carry.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The engine failed while running.
+    #[error("inference failed: {0}")]
+    Run(String),
+    /// Memory for outputs could not be allocated.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+}

@@ -1,0 +1,1 @@
+//! The tensorwire agent: model registry, sessions, per-model queues, timelines, listeners, shutdown.

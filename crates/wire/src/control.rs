@@ -1,0 +1,347 @@
+//! Bodies of control messages, carried in the descriptor section.
+//!
+//! ```text
+//! Hello / HelloAck (32 bytes)
+//!  0 4 max_tensors   u32     0 in a Hello = no preference
+//!  4 4 max_in_flight u32
+//!  8 8 max_payload   u64
+//! 16 4 max_desc_len  u32
+//! 20 12 reserved     zero
+//!
+//! ModelQuery: the model name, UTF-8, 1..=255 bytes, no terminator.
+//!
+//! ModelInfo: one signature (header.model_id = the model's id)
+//! signature = name_len u16, name, n_inputs u16, n_outputs u16, specs...
+//! spec      = name_len u16, name, dtype u8, ndim u8, dims: ndim × i64 (-1 = dynamic)
+//!
+//! ModelList: count u32, then per model: model_id u32, signature
+//!
+//! Error: UTF-8 message, at most 4096 bytes (header.status = the code)
+//! ```
+
+use crate::dtype::DType;
+use crate::error::{need, WireError};
+use crate::limits::Limits;
+use crate::tensor::MAX_DIMS;
+
+/// Longest model or tensor name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest error message, in bytes.
+pub const MAX_ERROR_MESSAGE: usize = 4096;
+/// Most inputs or outputs a signature may list.
+const MAX_SPECS: usize = 1024;
+
+/// The body of Hello and HelloAck: session limits.
+pub type HelloBody = Limits;
+
+/// Encodes a Hello/HelloAck body.
+pub fn encode_hello(l: &Limits) -> Vec<u8> {
+    let mut b = Vec::with_capacity(32);
+    b.extend_from_slice(&l.max_tensors.to_le_bytes());
+    b.extend_from_slice(&l.max_in_flight.to_le_bytes());
+    b.extend_from_slice(&l.max_payload.to_le_bytes());
+    b.extend_from_slice(&l.max_desc_len.to_le_bytes());
+    b.extend_from_slice(&[0; 12]);
+    b
+}
+
+/// Decodes a Hello/HelloAck body (exactly 32 bytes).
+pub fn decode_hello(b: &[u8]) -> Result<Limits, WireError> {
+    if b.len() != 32 {
+        return Err(WireError::malformed(format!("hello body is {} bytes, not 32", b.len())));
+    }
+    if b[20..].iter().any(|&x| x != 0) {
+        return Err(WireError::malformed("hello reserved bytes not zero"));
+    }
+    let mut r = Reader::new(b);
+    Ok(Limits {
+        max_tensors: r.u32()?,
+        max_in_flight: r.u32()?,
+        max_payload: r.u64()?,
+        max_desc_len: r.u32()?,
+    })
+}
+
+/// Encodes a model name for ModelQuery.
+pub fn encode_model_name(name: &str) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+/// Decodes a ModelQuery body: a 1..=255 byte UTF-8 name.
+pub fn decode_model_name(b: &[u8]) -> Result<&str, WireError> {
+    if b.is_empty() || b.len() > MAX_NAME_LEN {
+        return Err(WireError::malformed(format!(
+            "model name is {} bytes, must be 1..={MAX_NAME_LEN}",
+            b.len()
+        )));
+    }
+    std::str::from_utf8(b).map_err(|_| WireError::malformed("model name is not UTF-8"))
+}
+
+/// Encodes an Error body, truncating the message to [`MAX_ERROR_MESSAGE`]
+/// bytes on a character boundary.
+pub fn encode_error_body(message: &str) -> Vec<u8> {
+    let mut end = message.len().min(MAX_ERROR_MESSAGE);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.as_bytes()[..end].to_vec()
+}
+
+/// Decodes an Error body; invalid UTF-8 is replaced, not rejected, so the
+/// code is never lost to a bad message.
+pub fn decode_error_body(b: &[u8]) -> Result<String, WireError> {
+    if b.len() > MAX_ERROR_MESSAGE {
+        return Err(WireError::malformed("error message longer than 4096 bytes"));
+    }
+    Ok(String::from_utf8_lossy(b).into_owned())
+}
+
+/// One input or output of a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Name as the model declares it.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions; `None` is a dynamic dimension (any size).
+    pub shape: Vec<Option<u64>>,
+}
+
+impl TensorSpec {
+    /// Whether a tensor of `dtype` and `shape` fits this spec.
+    pub fn accepts(&self, dtype: DType, shape: &[u64]) -> bool {
+        dtype == self.dtype
+            && shape.len() == self.shape.len()
+            && shape.iter().zip(&self.shape).all(|(&d, s)| s.is_none_or(|s| s == d))
+    }
+
+    /// The shape as text, `?` for dynamic dims: `float32[?, 3, 224, 224]`.
+    pub fn describe(&self) -> String {
+        let dims: Vec<String> = self
+            .shape
+            .iter()
+            .map(|d| d.map_or("?".to_string(), |d| d.to_string()))
+            .collect();
+        format!("{}[{}]", self.dtype, dims.join(", "))
+    }
+}
+
+/// A model's name and its inputs and outputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelSignature {
+    /// Model name.
+    pub name: String,
+    /// Inputs in the order requests carry them.
+    pub inputs: Vec<TensorSpec>,
+    /// Outputs in the order responses carry them.
+    pub outputs: Vec<TensorSpec>,
+}
+
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    let n = &name.as_bytes()[..name.len().min(MAX_NAME_LEN)];
+    out.extend_from_slice(&(n.len() as u16).to_le_bytes());
+    out.extend_from_slice(n);
+}
+
+/// Appends a signature's encoding to `out`.
+pub fn encode_signature(sig: &ModelSignature, out: &mut Vec<u8>) {
+    put_name(out, &sig.name);
+    out.extend_from_slice(&(sig.inputs.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(sig.outputs.len() as u16).to_le_bytes());
+    for spec in sig.inputs.iter().chain(&sig.outputs) {
+        put_name(out, &spec.name);
+        out.push(spec.dtype.code());
+        out.push(spec.shape.len() as u8);
+        for d in &spec.shape {
+            let v: i64 = d.map_or(-1, |d| d as i64);
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// Decodes one signature (a whole ModelInfo body).
+pub fn decode_signature(b: &[u8]) -> Result<ModelSignature, WireError> {
+    let mut r = Reader::new(b);
+    let sig = r.signature()?;
+    r.finish()?;
+    Ok(sig)
+}
+
+/// Encodes a ModelList body.
+pub fn encode_model_list(models: &[(u32, ModelSignature)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(models.len() as u32).to_le_bytes());
+    for (id, sig) in models {
+        out.extend_from_slice(&id.to_le_bytes());
+        encode_signature(sig, &mut out);
+    }
+    out
+}
+
+/// Decodes a ModelList body.
+pub fn decode_model_list(b: &[u8]) -> Result<Vec<(u32, ModelSignature)>, WireError> {
+    let mut r = Reader::new(b);
+    let count = r.u32()? as usize;
+    // Every entry needs at least 10 bytes: refuse counts the body cannot hold.
+    if count.saturating_mul(10) > b.len() {
+        return Err(WireError::malformed(format!("model list claims {count} models")));
+    }
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let id = r.u32()?;
+        out.push((id, r.signature()?));
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// A bounds-checked little-endian cursor.
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Reader { b, pos: 0 }
+    }
+
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        need(what, &self.b[self.pos..], n)?;
+        let s = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1, "u8")?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, WireError> {
+        let s = self.take(2, "u16")?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+
+    fn u32(&mut self) -> Result<u32, WireError> {
+        let s = self.take(4, "u32")?;
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, WireError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8, "u64")?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn name(&mut self) -> Result<String, WireError> {
+        let n = self.u16()? as usize;
+        if n > MAX_NAME_LEN {
+            return Err(WireError::malformed(format!("name of {n} bytes, at most {MAX_NAME_LEN}")));
+        }
+        let s = self.take(n, "name")?;
+        String::from_utf8(s.to_vec()).map_err(|_| WireError::malformed("name is not UTF-8"))
+    }
+
+    fn spec(&mut self) -> Result<TensorSpec, WireError> {
+        let name = self.name()?;
+        let dtype = DType::from_code(self.u8()?)?;
+        let ndim = self.u8()? as usize;
+        if ndim > MAX_DIMS {
+            return Err(WireError::malformed(format!("{ndim} dims, at most {MAX_DIMS}")));
+        }
+        let mut shape = Vec::with_capacity(ndim);
+        for _ in 0..ndim {
+            let d = self.u64()? as i64;
+            shape.push(match d {
+                -1 => None,
+                d if d >= 0 => Some(d as u64),
+                d => return Err(WireError::malformed(format!("dimension {d} is negative"))),
+            });
+        }
+        Ok(TensorSpec { name, dtype, shape })
+    }
+
+    fn signature(&mut self) -> Result<ModelSignature, WireError> {
+        let name = self.name()?;
+        let n_in = self.u16()? as usize;
+        let n_out = self.u16()? as usize;
+        if n_in + n_out > MAX_SPECS {
+            return Err(WireError::malformed("signature lists too many tensors"));
+        }
+        let inputs = (0..n_in).map(|_| self.spec()).collect::<Result<_, _>>()?;
+        let outputs = (0..n_out).map(|_| self.spec()).collect::<Result<_, _>>()?;
+        Ok(ModelSignature { name, inputs, outputs })
+    }
+
+    fn finish(&self) -> Result<(), WireError> {
+        if self.pos != self.b.len() {
+            return Err(WireError::malformed(format!(
+                "{} trailing bytes",
+                self.b.len() - self.pos
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig() -> ModelSignature {
+        ModelSignature {
+            name: "mlp".into(),
+            inputs: vec![TensorSpec {
+                name: "x".into(),
+                dtype: DType::F32,
+                shape: vec![None, Some(64)],
+            }],
+            outputs: vec![TensorSpec {
+                name: "logits".into(),
+                dtype: DType::F32,
+                shape: vec![None, Some(10)],
+            }],
+        }
+    }
+
+    #[test]
+    fn hello_round_trip() {
+        let l = Limits::default();
+        assert_eq!(decode_hello(&encode_hello(&l)).unwrap(), l);
+        assert!(decode_hello(&[0; 31]).is_err());
+    }
+
+    #[test]
+    fn signature_and_list_round_trip() {
+        let mut b = Vec::new();
+        encode_signature(&sig(), &mut b);
+        assert_eq!(decode_signature(&b).unwrap(), sig());
+        let list = vec![(0, sig()), (3, sig())];
+        assert_eq!(decode_model_list(&encode_model_list(&list)).unwrap(), list);
+        assert!(decode_model_list(&[255, 255, 255, 255]).is_err());
+        assert!(decode_signature(&b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn spec_accepts() {
+        let s = &sig().inputs[0];
+        assert!(s.accepts(DType::F32, &[5, 64]));
+        assert!(!s.accepts(DType::F32, &[5, 63]));
+        assert!(!s.accepts(DType::F64, &[5, 64]));
+        assert!(!s.accepts(DType::F32, &[64]));
+        assert_eq!(s.describe(), "float32[?, 64]");
+    }
+
+    #[test]
+    fn names_checked() {
+        assert!(decode_model_name(b"").is_err());
+        assert!(decode_model_name(&[0xff]).is_err());
+        assert!(decode_model_name(&[b'a'; 256]).is_err());
+        assert_eq!(decode_model_name(b"identity").unwrap(), "identity");
+        let long = "é".repeat(3000);
+        let body = encode_error_body(&long);
+        assert!(body.len() <= MAX_ERROR_MESSAGE);
+        assert!(std::str::from_utf8(&body).is_ok());
+    }
+}

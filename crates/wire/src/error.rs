@@ -1,0 +1,175 @@
+//! Status codes carried in headers, and the decoder's own error type.
+
+use thiserror::Error;
+
+/// A status code: `0` in every successful message, an error code in `Error`
+/// messages. Codes are stable wire values; see `docs/PROTOCOL.md`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// The header's magic bytes were not `TWIR`.
+    BadMagic = 1,
+    /// The header's version is not one this peer speaks.
+    UnsupportedVersion = 2,
+    /// The header's kind is unknown, or not valid in this direction or state.
+    UnknownKind = 3,
+    /// A field is malformed: reserved bytes set, bad descriptor, bad body.
+    Malformed = 4,
+    /// A length or count exceeds the session's limits.
+    LimitExceeded = 5,
+    /// No model has this id or name.
+    UnknownModel = 6,
+    /// The tensors do not match the model's signature (count, dtype or shape).
+    InvalidInput = 7,
+    /// The engine failed while running the model.
+    EngineError = 8,
+    /// The agent is shutting down and accepts no new requests.
+    ShuttingDown = 9,
+    /// Too many requests are in flight on this session.
+    TooManyInFlight = 10,
+    /// An internal error in the agent (a bug: please report it).
+    Internal = 11,
+}
+
+impl Status {
+    /// The status with wire code `code`, if it is one.
+    pub fn from_code(code: u32) -> Option<Status> {
+        use Status::*;
+        [
+            Ok,
+            BadMagic,
+            UnsupportedVersion,
+            UnknownKind,
+            Malformed,
+            LimitExceeded,
+            UnknownModel,
+            InvalidInput,
+            EngineError,
+            ShuttingDown,
+            TooManyInFlight,
+            Internal,
+        ]
+        .get(code as usize)
+        .copied()
+    }
+
+    /// The wire code.
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// A short name (`unknown-model`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::BadMagic => "bad-magic",
+            Status::UnsupportedVersion => "unsupported-version",
+            Status::UnknownKind => "unknown-kind",
+            Status::Malformed => "malformed",
+            Status::LimitExceeded => "limit-exceeded",
+            Status::UnknownModel => "unknown-model",
+            Status::InvalidInput => "invalid-input",
+            Status::EngineError => "engine-error",
+            Status::ShuttingDown => "shutting-down",
+            Status::TooManyInFlight => "too-many-in-flight",
+            Status::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why bytes could not be decoded, or a message breaks a limit.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    /// The magic bytes are wrong: the stream is not tensorwire (or lost sync).
+    #[error("bad magic {0:02x?}: not a tensorwire v1 stream")]
+    BadMagic([u8; 4]),
+    /// The protocol version is not 1.
+    #[error("unsupported protocol version {0} (this peer speaks 1)")]
+    UnsupportedVersion(u16),
+    /// The message kind is unknown.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// Reserved header bytes were not zero.
+    #[error("reserved header bytes are not zero")]
+    ReservedNotZero,
+    /// The status field holds no known code.
+    #[error("unknown status code {0}")]
+    UnknownStatus(u32),
+    /// A dtype code is unknown.
+    #[error("unknown dtype code {0}")]
+    UnknownDType(u8),
+    /// Fewer bytes than the structure needs.
+    #[error("truncated {what}: need {need} bytes, have {have}")]
+    Truncated {
+        /// What was being decoded.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes available.
+        have: usize,
+    },
+    /// A length or count is over the session limit.
+    #[error("{what} is {value}, over the session limit of {limit}")]
+    LimitExceeded {
+        /// Which length or count.
+        what: &'static str,
+        /// The value in the message.
+        value: u64,
+        /// The limit in force.
+        limit: u64,
+    },
+    /// A structural rule was broken; the string says which.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+impl WireError {
+    /// The status code an agent answers this error with.
+    pub fn status(&self) -> Status {
+        match self {
+            WireError::BadMagic(_) => Status::BadMagic,
+            WireError::UnsupportedVersion(_) => Status::UnsupportedVersion,
+            WireError::UnknownKind(_) => Status::UnknownKind,
+            WireError::LimitExceeded { .. } => Status::LimitExceeded,
+            _ => Status::Malformed,
+        }
+    }
+
+    pub(crate) fn malformed(msg: impl Into<String>) -> WireError {
+        WireError::Malformed(msg.into())
+    }
+}
+
+/// Checks that `bytes` holds at least `need` bytes.
+pub(crate) fn need(what: &'static str, bytes: &[u8], need: usize) -> Result<(), WireError> {
+    if bytes.len() < need {
+        Err(WireError::Truncated {
+            what,
+            need,
+            have: bytes.len(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_round_trip() {
+        for c in 0..12 {
+            assert_eq!(Status::from_code(c).unwrap().code(), c);
+        }
+        assert!(Status::from_code(12).is_none());
+    }
+}

@@ -1,0 +1,271 @@
+//! The fixed 64-byte control header that starts every message.
+//!
+//! ```text
+//! offset size field
+//!  0      4   magic         "TWIR"
+//!  4      2   version       1
+//!  6      1   kind          Kind
+//!  7      1   flags         bit 0 WANT_TIMELINE, bit 1 HAS_TIMELINE
+//!  8      8   request_id    chosen by the client, echoed by the agent
+//! 16      4   model_id      resolved once per session with ModelQuery
+//! 20      4   tensor_count  tensors described in the descriptor section
+//! 24      4   desc_len      bytes in the descriptor section
+//! 28      4   status        0, or an error code in Error messages
+//! 32      8   payload_len   bytes in the payload
+//! 40     24   reserved      zero
+//! ```
+
+use crate::error::{need, Status, WireError};
+use crate::limits::Limits;
+
+/// Length of the header in bytes.
+pub const HEADER_LEN: usize = 64;
+/// The first four bytes of every message.
+pub const MAGIC: [u8; 4] = *b"TWIR";
+/// The protocol version this crate speaks.
+pub const VERSION: u16 = 1;
+
+/// Header flag bits.
+pub mod flags {
+    /// Request: the client asks for the agent's timeline in the response.
+    pub const WANT_TIMELINE: u8 = 1 << 0;
+    /// Response: a 64-byte timeline follows the tensor descriptors.
+    pub const HAS_TIMELINE: u8 = 1 << 1;
+    /// All flag bits version 1 defines.
+    pub const KNOWN: u8 = WANT_TIMELINE | HAS_TIMELINE;
+}
+
+/// What a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// Client → agent, first message of a session: proposed limits.
+    Hello = 1,
+    /// Agent → client: the limits in force for the session.
+    HelloAck = 2,
+    /// Client → agent: run a model on tensors.
+    Request = 3,
+    /// Agent → client: a request's outputs.
+    Response = 4,
+    /// Agent → client: a request (or the session) failed; status says why.
+    Error = 5,
+    /// Either way: liveness probe, answered with Pong.
+    Ping = 6,
+    /// Answer to Ping.
+    Pong = 7,
+    /// Client → agent: look up a model by name.
+    ModelQuery = 8,
+    /// Agent → client: a model's id and signature.
+    ModelInfo = 9,
+    /// Client → agent: list every model.
+    ListModels = 10,
+    /// Agent → client: every model's id and signature.
+    ModelList = 11,
+}
+
+impl Kind {
+    /// The kind with wire code `code`.
+    pub fn from_code(code: u8) -> Result<Kind, WireError> {
+        use Kind::*;
+        [
+            Hello, HelloAck, Request, Response, Error, Ping, Pong, ModelQuery, ModelInfo,
+            ListModels, ModelList,
+        ]
+        .get(usize::from(code).wrapping_sub(1))
+        .copied()
+        .ok_or(WireError::UnknownKind(code))
+    }
+
+    /// True for the two kinds that carry tensors.
+    pub fn carries_tensors(self) -> bool {
+        matches!(self, Kind::Request | Kind::Response)
+    }
+}
+
+/// A decoded header. Field meanings are in the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// What the message is.
+    pub kind: Kind,
+    /// Flag bits ([`flags`]).
+    pub flags: u8,
+    /// Request id chosen by the client; responses echo it.
+    pub request_id: u64,
+    /// Model id (requests and responses, model info); 0 otherwise.
+    pub model_id: u32,
+    /// Number of tensor descriptors in the descriptor section.
+    pub tensor_count: u32,
+    /// Length of the descriptor section in bytes.
+    pub desc_len: u32,
+    /// `Status::Ok` except in `Error` messages.
+    pub status: Status,
+    /// Length of the payload in bytes.
+    pub payload_len: u64,
+}
+
+impl Header {
+    /// A header of `kind` with every other field zero.
+    pub fn new(kind: Kind) -> Header {
+        Header {
+            kind,
+            flags: 0,
+            request_id: 0,
+            model_id: 0,
+            tensor_count: 0,
+            desc_len: 0,
+            status: Status::Ok,
+            payload_len: 0,
+        }
+    }
+
+    /// The 64 wire bytes of this header.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6] = self.kind as u8;
+        b[7] = self.flags;
+        b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        b[16..20].copy_from_slice(&self.model_id.to_le_bytes());
+        b[20..24].copy_from_slice(&self.tensor_count.to_le_bytes());
+        b[24..28].copy_from_slice(&self.desc_len.to_le_bytes());
+        b[28..32].copy_from_slice(&self.status.code().to_le_bytes());
+        b[32..40].copy_from_slice(&self.payload_len.to_le_bytes());
+        b
+    }
+
+    /// Decodes a header, checking magic, version, kind, flags, status and the
+    /// reserved bytes. Lengths are checked separately by [`Header::check_limits`].
+    pub fn decode(bytes: &[u8]) -> Result<Header, WireError> {
+        need("header", bytes, HEADER_LEN)?;
+        let magic: [u8; 4] = [bytes[0], bytes[1], bytes[2], bytes[3]];
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if version != VERSION {
+            return Err(WireError::UnsupportedVersion(version));
+        }
+        let kind = Kind::from_code(bytes[6])?;
+        let flags = bytes[7];
+        if flags & !flags::KNOWN != 0 {
+            return Err(WireError::malformed(format!("unknown flag bits {flags:#04x}")));
+        }
+        if bytes[40..64].iter().any(|&x| x != 0) {
+            return Err(WireError::ReservedNotZero);
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&bytes[o..o + 8]);
+            u64::from_le_bytes(a)
+        };
+        let status_code = u32_at(28);
+        let status = Status::from_code(status_code).ok_or(WireError::UnknownStatus(status_code))?;
+        let h = Header {
+            kind,
+            flags,
+            request_id: u64_at(8),
+            model_id: u32_at(16),
+            tensor_count: u32_at(20),
+            desc_len: u32_at(24),
+            status,
+            payload_len: u64_at(32),
+        };
+        if !kind.carries_tensors() && (h.tensor_count != 0 || h.payload_len != 0) {
+            return Err(WireError::malformed(format!(
+                "{kind:?} carries no tensors but declares {} tensors and {} payload bytes",
+                h.tensor_count, h.payload_len
+            )));
+        }
+        if kind != Kind::Error && status != Status::Ok {
+            return Err(WireError::malformed(format!(
+                "{kind:?} with non-zero status {status}"
+            )));
+        }
+        Ok(h)
+    }
+
+    /// Checks every length and count against `limits`. Call this before
+    /// allocating or reading anything the header announces.
+    pub fn check_limits(&self, limits: &Limits) -> Result<(), WireError> {
+        let over = |what, value: u64, limit: u64| {
+            if value > limit {
+                Err(WireError::LimitExceeded { what, value, limit })
+            } else {
+                Ok(())
+            }
+        };
+        over("tensor count", self.tensor_count.into(), limits.max_tensors.into())?;
+        over("descriptor section length", self.desc_len.into(), limits.max_desc_len.into())?;
+        over("payload length", self.payload_len, limits.max_payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Header {
+        Header {
+            kind: Kind::Request,
+            flags: flags::WANT_TIMELINE,
+            request_id: 0x0102030405060708,
+            model_id: 7,
+            tensor_count: 2,
+            desc_len: 80,
+            status: Status::Ok,
+            payload_len: 4160,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let h = sample();
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+    }
+
+    #[test]
+    fn rejects_bad_fields() {
+        let good = sample().encode();
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(Header::decode(&b), Err(WireError::BadMagic(_))));
+        let mut b = good;
+        b[4] = 2;
+        assert_eq!(Header::decode(&b), Err(WireError::UnsupportedVersion(2)));
+        let mut b = good;
+        b[6] = 0;
+        assert_eq!(Header::decode(&b), Err(WireError::UnknownKind(0)));
+        let mut b = good;
+        b[7] = 0x80;
+        assert!(matches!(Header::decode(&b), Err(WireError::Malformed(_))));
+        let mut b = good;
+        b[63] = 1;
+        assert_eq!(Header::decode(&b), Err(WireError::ReservedNotZero));
+        assert!(matches!(Header::decode(&good[..63]), Err(WireError::Truncated { .. })));
+        let mut b = good;
+        b[28] = 99;
+        assert_eq!(Header::decode(&b), Err(WireError::UnknownStatus(99)));
+    }
+
+    #[test]
+    fn control_messages_carry_no_payload() {
+        let mut h = Header::new(Kind::Ping);
+        h.payload_len = 1;
+        assert!(Header::decode(&h.encode()).is_err());
+    }
+
+    #[test]
+    fn limits_checked() {
+        let limits = Limits {
+            max_tensors: 1,
+            ..Limits::default()
+        };
+        let err = sample().check_limits(&limits).unwrap_err();
+        assert_eq!(err.status(), Status::LimitExceeded);
+        let mut h = sample();
+        h.payload_len = u64::MAX;
+        assert!(h.check_limits(&Limits::default()).is_err());
+    }
+}

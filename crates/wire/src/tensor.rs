@@ -1,0 +1,284 @@
+//! Tensor descriptors: the descriptor section of requests and responses.
+//!
+//! ```text
+//! descriptor (24 + 8 × ndim bytes)
+//!  0  1  dtype      DType code
+//!  1  1  ndim       0..=8
+//!  2  6  reserved   zero
+//!  8  8  offset     byte offset of the tensor in the payload, multiple of 64
+//! 16  8  length     byte length = product(dims) × dtype size
+//! 24  8n dims       ndim × u64
+//! ```
+//!
+//! A request or response's descriptor section is `tensor_count` descriptors,
+//! followed by a 64-byte [`Timeline`] when the header has `HAS_TIMELINE`.
+//! Tensors lie in the payload in order, 64-byte aligned, without overlap.
+
+use crate::dtype::DType;
+use crate::error::{need, WireError};
+use crate::header::{flags, Header};
+use crate::timeline::{Timeline, TIMELINE_LEN};
+
+/// Alignment of every tensor's offset in the payload.
+pub const PAYLOAD_ALIGN: u64 = 64;
+/// Most dimensions a tensor may have.
+pub const MAX_DIMS: usize = 8;
+/// Bytes of a descriptor before its dims.
+pub const DESC_FIXED_LEN: usize = 24;
+
+/// Rounds `n` up to a multiple of [`PAYLOAD_ALIGN`]; `None` on overflow.
+pub fn align_up(n: u64) -> Option<u64> {
+    n.checked_add(PAYLOAD_ALIGN - 1).map(|v| v & !(PAYLOAD_ALIGN - 1))
+}
+
+/// Where one tensor lies in a payload, and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions (at most [`MAX_DIMS`]; empty for a scalar).
+    pub shape: Vec<u64>,
+    /// Byte offset into the payload (multiple of 64).
+    pub offset: u64,
+    /// Byte length (product of dims × element size).
+    pub len: u64,
+}
+
+impl TensorDesc {
+    /// Bytes this descriptor takes on the wire.
+    pub fn encoded_len(&self) -> usize {
+        DESC_FIXED_LEN + 8 * self.shape.len()
+    }
+
+    /// Number of elements, or `None` on overflow.
+    pub fn numel(shape: &[u64]) -> Option<u64> {
+        shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// Byte length of a tensor of `dtype` and `shape`, or `None` on overflow.
+    pub fn byte_len(dtype: DType, shape: &[u64]) -> Option<u64> {
+        TensorDesc::numel(shape)?.checked_mul(dtype.size() as u64)
+    }
+}
+
+/// Lays tensors of the given byte lengths out in a payload: returns each
+/// tensor's offset and the payload length. Offsets are 64-byte aligned and
+/// tensors follow each other in order.
+pub fn layout_payload(lens: impl IntoIterator<Item = u64>) -> Option<(Vec<u64>, u64)> {
+    let mut offsets = Vec::new();
+    let mut end = 0u64;
+    for len in lens {
+        let off = align_up(end)?;
+        offsets.push(off);
+        end = off.checked_add(len)?;
+    }
+    Some((offsets, end))
+}
+
+/// The decoded descriptor section of a request or response.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TensorSection {
+    /// One descriptor per tensor, in order.
+    pub tensors: Vec<TensorDesc>,
+    /// The agent's timeline, when the header has `HAS_TIMELINE`.
+    pub timeline: Option<Timeline>,
+}
+
+/// Appends the descriptor section for `tensors` (and `timeline`) to `out`.
+/// The caller sets `tensor_count`, `desc_len` and the `HAS_TIMELINE` flag in
+/// the header from what was written.
+pub fn encode_tensor_section(tensors: &[TensorDesc], timeline: Option<&Timeline>, out: &mut Vec<u8>) {
+    for t in tensors {
+        out.push(t.dtype.code());
+        out.push(t.shape.len() as u8);
+        out.extend_from_slice(&[0; 6]);
+        out.extend_from_slice(&t.offset.to_le_bytes());
+        out.extend_from_slice(&t.len.to_le_bytes());
+        for d in &t.shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+    }
+    if let Some(tl) = timeline {
+        out.extend_from_slice(&tl.encode());
+    }
+}
+
+/// Decodes and validates a descriptor section against its header: exactly
+/// `tensor_count` descriptors, consuming exactly `desc_len` bytes; known
+/// dtypes; at most [`MAX_DIMS`] dims; length = dims × dtype size; offsets
+/// aligned, increasing, non-overlapping and inside `payload_len`.
+pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSection, WireError> {
+    if bytes.len() != header.desc_len as usize {
+        return Err(WireError::malformed(format!(
+            "descriptor section is {} bytes, header says {}",
+            bytes.len(),
+            header.desc_len
+        )));
+    }
+    let count = header.tensor_count as usize;
+    // Each descriptor needs at least DESC_FIXED_LEN bytes: a count the section
+    // cannot hold is rejected before anything is allocated for it.
+    if count.saturating_mul(DESC_FIXED_LEN) > bytes.len() {
+        return Err(WireError::malformed(format!(
+            "{count} tensors cannot fit in a {}-byte descriptor section",
+            bytes.len()
+        )));
+    }
+    let mut tensors = Vec::with_capacity(count);
+    let mut pos = 0usize;
+    let mut min_offset = 0u64;
+    for i in 0..count {
+        let rest = &bytes[pos..];
+        need("tensor descriptor", rest, DESC_FIXED_LEN)?;
+        let dtype = DType::from_code(rest[0])?;
+        let ndim = rest[1] as usize;
+        if ndim > MAX_DIMS {
+            return Err(WireError::malformed(format!(
+                "tensor {i} has {ndim} dims, at most {MAX_DIMS} allowed"
+            )));
+        }
+        if rest[2..8].iter().any(|&b| b != 0) {
+            return Err(WireError::malformed(format!("tensor {i}: reserved bytes not zero")));
+        }
+        need("tensor dims", rest, DESC_FIXED_LEN + 8 * ndim)?;
+        let u64_at = |o: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&rest[o..o + 8]);
+            u64::from_le_bytes(a)
+        };
+        let offset = u64_at(8);
+        let len = u64_at(16);
+        let shape: Vec<u64> = (0..ndim).map(|d| u64_at(DESC_FIXED_LEN + 8 * d)).collect();
+        let expect = TensorDesc::byte_len(dtype, &shape).ok_or_else(|| {
+            WireError::malformed(format!("tensor {i}: shape {shape:?} overflows"))
+        })?;
+        if len != expect {
+            return Err(WireError::malformed(format!(
+                "tensor {i}: length {len} but {dtype}{shape:?} needs {expect} bytes"
+            )));
+        }
+        if offset % PAYLOAD_ALIGN != 0 {
+            return Err(WireError::malformed(format!(
+                "tensor {i}: offset {offset} is not a multiple of {PAYLOAD_ALIGN}"
+            )));
+        }
+        if offset < min_offset {
+            return Err(WireError::malformed(format!(
+                "tensor {i}: offset {offset} overlaps the previous tensor (ends at {min_offset})"
+            )));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= header.payload_len)
+            .ok_or_else(|| {
+                WireError::malformed(format!(
+                    "tensor {i}: bytes {offset}..+{len} fall outside the {}-byte payload",
+                    header.payload_len
+                ))
+            })?;
+        min_offset = end;
+        pos += DESC_FIXED_LEN + 8 * ndim;
+        tensors.push(TensorDesc { dtype, shape, offset, len });
+    }
+    let timeline = if header.flags & flags::HAS_TIMELINE != 0 {
+        let rest = &bytes[pos..];
+        need("timeline", rest, TIMELINE_LEN)?;
+        pos += TIMELINE_LEN;
+        Some(Timeline::decode(&rest[..TIMELINE_LEN])?)
+    } else {
+        None
+    };
+    if pos != bytes.len() {
+        return Err(WireError::malformed(format!(
+            "{} trailing bytes after the descriptors",
+            bytes.len() - pos
+        )));
+    }
+    Ok(TensorSection { tensors, timeline })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::header::Kind;
+
+    fn section(tensors: &[TensorDesc], payload_len: u64) -> (Header, Vec<u8>) {
+        let mut bytes = Vec::new();
+        encode_tensor_section(tensors, None, &mut bytes);
+        let mut h = Header::new(Kind::Request);
+        h.tensor_count = tensors.len() as u32;
+        h.desc_len = bytes.len() as u32;
+        h.payload_len = payload_len;
+        (h, bytes)
+    }
+
+    fn desc(dtype: DType, shape: &[u64], offset: u64) -> TensorDesc {
+        TensorDesc {
+            dtype,
+            shape: shape.to_vec(),
+            offset,
+            len: TensorDesc::byte_len(dtype, shape).unwrap(),
+        }
+    }
+
+    #[test]
+    fn layout_aligns() {
+        let (offs, len) = layout_payload([3, 64, 0, 1]).unwrap();
+        assert_eq!(offs, vec![0, 64, 128, 128]);
+        assert_eq!(len, 129);
+        assert_eq!(layout_payload([]).unwrap(), (vec![], 0));
+        assert!(layout_payload([u64::MAX, 1]).is_none());
+    }
+
+    #[test]
+    fn round_trip_with_timeline() {
+        let ts = vec![desc(DType::F32, &[2, 3], 0), desc(DType::Bool, &[], 64)];
+        let tl = Timeline { stamps: [1, 2, 3, 4, 5, 6] };
+        let mut bytes = Vec::new();
+        encode_tensor_section(&ts, Some(&tl), &mut bytes);
+        let mut h = Header::new(Kind::Response);
+        h.flags = flags::HAS_TIMELINE;
+        h.tensor_count = 2;
+        h.desc_len = bytes.len() as u32;
+        h.payload_len = 65;
+        let s = decode_tensor_section(&h, &bytes).unwrap();
+        assert_eq!(s.tensors, ts);
+        assert_eq!(s.timeline, Some(tl));
+    }
+
+    #[test]
+    fn rejects_bad_descriptors() {
+        // Outside the payload.
+        let (h, b) = section(&[desc(DType::U8, &[100], 0)], 99);
+        assert!(decode_tensor_section(&h, &b).is_err());
+        // Misaligned.
+        let (h, b) = section(&[desc(DType::U8, &[1], 8)], 9);
+        assert!(decode_tensor_section(&h, &b).is_err());
+        // Overlapping.
+        let (h, b) = section(&[desc(DType::U8, &[100], 0), desc(DType::U8, &[1], 64)], 200);
+        assert!(decode_tensor_section(&h, &b).is_err());
+        // Wrong length for the shape.
+        let mut d = desc(DType::F32, &[4], 0);
+        d.len = 15;
+        let (h, b) = section(&[d], 16);
+        assert!(decode_tensor_section(&h, &b).is_err());
+        // Overflowing shape.
+        let mut d = desc(DType::U8, &[1], 0);
+        d.shape = vec![u64::MAX, 2];
+        let (h, b) = section(&[d], 16);
+        assert!(decode_tensor_section(&h, &b).is_err());
+        // Count larger than the section can hold.
+        let (mut h, b) = section(&[desc(DType::U8, &[1], 0)], 1);
+        h.tensor_count = u32::MAX;
+        assert!(decode_tensor_section(&h, &b).is_err());
+        // Trailing bytes.
+        let (mut h, mut b) = section(&[desc(DType::U8, &[1], 0)], 1);
+        b.push(0);
+        h.desc_len += 1;
+        assert!(decode_tensor_section(&h, &b).is_err());
+        // Too many dims.
+        let (h, mut b) = section(&[desc(DType::U8, &[1], 0)], 1);
+        b[1] = 9;
+        assert!(decode_tensor_section(&h, &b).is_err());
+    }
+}

@@ -1,0 +1,130 @@
+//! The per-request timeline: monotonic nanosecond stamps the agent takes as a
+//! request moves through it, returned to the client on request.
+//!
+//! Stamps are `CLOCK_MONOTONIC` nanoseconds, which every process on one
+//! machine shares, so a client on the same machine can subtract its own
+//! stamps from the agent's. A stamp of 0 means "not taken".
+
+use crate::error::{need, WireError};
+
+/// Bytes a timeline takes on the wire: 8 little-endian u64 stamps, the last
+/// two reserved (zero).
+pub const TIMELINE_LEN: usize = 64;
+
+/// The stages the agent stamps, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Stage {
+    /// The request's header was read.
+    Received = 0,
+    /// The request's tensor bytes are in place where the engine reads them.
+    PayloadInPlace = 1,
+    /// The request entered its model's queue.
+    Queued = 2,
+    /// The engine started running the request.
+    ComputeStart = 3,
+    /// The engine finished.
+    ComputeEnd = 4,
+    /// The response was handed to the transport.
+    ResponseSent = 5,
+}
+
+impl Stage {
+    /// Every stage in order.
+    pub const ALL: [Stage; 6] = [
+        Stage::Received,
+        Stage::PayloadInPlace,
+        Stage::Queued,
+        Stage::ComputeStart,
+        Stage::ComputeEnd,
+        Stage::ResponseSent,
+    ];
+
+    /// Short snake_case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stage::Received => "received",
+            Stage::PayloadInPlace => "payload_in_place",
+            Stage::Queued => "queued",
+            Stage::ComputeStart => "compute_start",
+            Stage::ComputeEnd => "compute_end",
+            Stage::ResponseSent => "response_sent",
+        }
+    }
+}
+
+/// One request's agent-side stamps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// Stamps indexed by [`Stage`].
+    pub stamps: [u64; 6],
+}
+
+impl Timeline {
+    /// Records `stage` as happening now.
+    pub fn stamp(&mut self, stage: Stage) {
+        self.stamps[stage as usize] = monotonic_ns();
+    }
+
+    /// The stamp of `stage` (0 if not taken).
+    pub fn get(&self, stage: Stage) -> u64 {
+        self.stamps[stage as usize]
+    }
+
+    /// Nanoseconds from `a` to `b`, or `None` when either is missing or out of order.
+    pub fn span(&self, a: Stage, b: Stage) -> Option<u64> {
+        let (x, y) = (self.get(a), self.get(b));
+        (x != 0 && y >= x).then(|| y - x)
+    }
+
+    /// The 64 wire bytes.
+    pub fn encode(&self) -> [u8; TIMELINE_LEN] {
+        let mut b = [0u8; TIMELINE_LEN];
+        for (i, s) in self.stamps.iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&s.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes 64 wire bytes (the reserved stamps must be zero).
+    pub fn decode(bytes: &[u8]) -> Result<Timeline, WireError> {
+        need("timeline", bytes, TIMELINE_LEN)?;
+        if bytes[48..64].iter().any(|&b| b != 0) {
+            return Err(WireError::malformed("timeline reserved stamps not zero"));
+        }
+        let mut t = Timeline::default();
+        for (i, s) in t.stamps.iter_mut().enumerate() {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            *s = u64::from_le_bytes(a);
+        }
+        Ok(t)
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds (the clock every process on the
+/// machine shares, so stamps from a client and an agent can be subtracted).
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_spans() {
+        let t = Timeline { stamps: [10, 20, 30, 40, 50, 60] };
+        assert_eq!(Timeline::decode(&t.encode()).unwrap(), t);
+        assert_eq!(t.span(Stage::Received, Stage::ResponseSent), Some(50));
+        assert_eq!(Timeline::default().span(Stage::Received, Stage::Queued), None);
+    }
+
+    #[test]
+    fn monotonic_advances() {
+        let a = monotonic_ns();
+        let b = monotonic_ns();
+        assert!(a > 0 && b >= a);
+    }
+}
