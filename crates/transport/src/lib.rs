@@ -1,1 +1,23 @@
-//! placeholder
+//! Transports: how tensorwire messages get from one process (or thread) to
+//! another. Nothing here knows what a model is.
+//!
+//! An [`Endpoint`] is parsed from a URI (`inproc://name`, `unix:///path`,
+//! `tcp://host:port[?nodelay=0]`) and picks the transport at run time. The
+//! socket transports share one framing, [`StreamConn`]: a message goes out
+//! as a single vectored `sendmsg` straight from the caller's buffers (header,
+//! descriptors, then each tensor at its 64-byte aligned offset), and comes in
+//! as header → limits check → descriptor section → payload read straight into
+//! a destination the receiver chose. [`Listener`] accepts such connections.
+//! The [`inproc`] transport hands messages to a service in the same process
+//! by function call: no bytes move at all.
+
+mod endpoint;
+mod error;
+pub mod inproc;
+mod listener;
+mod stream;
+
+pub use endpoint::Endpoint;
+pub use error::{RecvError, TransportError};
+pub use listener::{connect, Listener, ListenerWaker};
+pub use stream::{StreamConn, StreamStats, StreamWriter, STAGING_LEN};

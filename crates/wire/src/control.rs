@@ -139,7 +139,13 @@ pub struct ModelSignature {
 }
 
 fn put_name(out: &mut Vec<u8>, name: &str) {
-    let n = &name.as_bytes()[..name.len().min(MAX_NAME_LEN)];
+    // Truncate on a character boundary: cutting a multi-byte character in
+    // half would make the whole signature undecodable.
+    let mut end = name.len().min(MAX_NAME_LEN);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    let n = &name.as_bytes()[..end];
     out.extend_from_slice(&(n.len() as u16).to_le_bytes());
     out.extend_from_slice(n);
 }
@@ -321,6 +327,16 @@ mod tests {
         assert_eq!(decode_model_list(&encode_model_list(&list)).unwrap(), list);
         assert!(decode_model_list(&[255, 255, 255, 255]).is_err());
         assert!(decode_signature(&b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn long_names_truncate_to_decodable_utf8() {
+        let mut s = sig();
+        s.name = "é".repeat(200); // 400 bytes; byte 255 is inside a character
+        let mut b = Vec::new();
+        encode_signature(&s, &mut b);
+        let back = decode_signature(&b).unwrap();
+        assert_eq!(back.name, "é".repeat(127));
     }
 
     #[test]

@@ -5,12 +5,13 @@
 //!  0      4   magic         "TWIR"
 //!  4      2   version       1
 //!  6      1   kind          Kind
-//!  7      1   flags         bit 0 WANT_TIMELINE, bit 1 HAS_TIMELINE
+//!  7      1   flags         bit 0 WANT_TIMELINE (requests only),
+//!                           bit 1 HAS_TIMELINE (responses only)
 //!  8      8   request_id    chosen by the client, echoed by the agent
 //! 16      4   model_id      resolved once per session with ModelQuery
 //! 20      4   tensor_count  tensors described in the descriptor section
 //! 24      4   desc_len      bytes in the descriptor section
-//! 28      4   status        0, or an error code in Error messages
+//! 28      4   status        0, except in Error messages (never 0 there)
 //! 32      8   payload_len   bytes in the payload
 //! 40     24   reserved      zero
 //! ```
@@ -151,6 +152,19 @@ impl Header {
         if flags & !flags::KNOWN != 0 {
             return Err(WireError::malformed(format!("unknown flag bits {flags:#04x}")));
         }
+        // WANT_TIMELINE belongs on requests and HAS_TIMELINE on responses only:
+        // a HAS_TIMELINE request would make the receiver expect a timeline in
+        // the client's descriptor section.
+        let allowed = match kind {
+            Kind::Request => flags::WANT_TIMELINE,
+            Kind::Response => flags::HAS_TIMELINE,
+            _ => 0,
+        };
+        if flags & !allowed != 0 {
+            return Err(WireError::malformed(format!(
+                "flag bits {flags:#04x} are not valid on {kind:?}"
+            )));
+        }
         if bytes[40..64].iter().any(|&x| x != 0) {
             return Err(WireError::ReservedNotZero);
         }
@@ -182,6 +196,9 @@ impl Header {
             return Err(WireError::malformed(format!(
                 "{kind:?} with non-zero status {status}"
             )));
+        }
+        if kind == Kind::Error && status == Status::Ok {
+            return Err(WireError::malformed("Error message with status ok"));
         }
         Ok(h)
     }
@@ -247,6 +264,24 @@ mod tests {
         let mut b = good;
         b[28] = 99;
         assert_eq!(Header::decode(&b), Err(WireError::UnknownStatus(99)));
+    }
+
+    #[test]
+    fn flags_and_status_checked_per_kind() {
+        let mut h = Header::new(Kind::Request);
+        h.flags = flags::HAS_TIMELINE;
+        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        let mut h = Header::new(Kind::Response);
+        h.flags = flags::WANT_TIMELINE;
+        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        let mut h = Header::new(Kind::Ping);
+        h.flags = flags::WANT_TIMELINE;
+        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        let h = Header::new(Kind::Error);
+        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        let mut h = Header::new(Kind::Error);
+        h.status = Status::UnknownModel;
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
     }
 
     #[test]

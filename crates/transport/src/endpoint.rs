@@ -1,0 +1,166 @@
+//! [`Endpoint`]: a parsed transport URI.
+
+use crate::error::TransportError;
+use std::fmt;
+use std::path::PathBuf;
+
+/// Where to listen or connect, parsed from a URI.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// `inproc://name`: an agent in this process (`inproc://` = name "default").
+    Inproc(String),
+    /// `unix:///path/to.sock` (or `unix://relative.sock`).
+    Unix(PathBuf),
+    /// `tcp://host:port[?nodelay=0|1]`.
+    Tcp {
+        /// `host:port` (`[::1]:port` for IPv6).
+        addr: String,
+        /// Whether `TCP_NODELAY` is set (default true).
+        nodelay: bool,
+    },
+}
+
+impl Endpoint {
+    /// Parses a URI. Unknown schemes, empty paths, missing ports and unknown
+    /// query parameters are errors that say what is wrong.
+    pub fn parse(uri: &str) -> Result<Endpoint, TransportError> {
+        let bad = |reason: &str| TransportError::BadUri {
+            uri: uri.to_string(),
+            reason: reason.to_string(),
+        };
+        let (scheme, rest) = uri
+            .split_once("://")
+            .ok_or_else(|| bad("expected SCHEME://..., e.g. unix:///tmp/tw.sock or tcp://127.0.0.1:7070"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let params = parse_query(query).map_err(|r| bad(&r))?;
+        let no_params = |params: &[(String, String)]| {
+            if let Some((k, _)) = params.first() {
+                Err(bad(&format!("unknown parameter '{k}' for {scheme}://")))
+            } else {
+                Ok(())
+            }
+        };
+        match scheme {
+            "inproc" => {
+                no_params(&params)?;
+                if rest.contains('/') {
+                    return Err(bad("in-process names cannot contain '/'"));
+                }
+                Ok(Endpoint::Inproc(if rest.is_empty() { "default".into() } else { rest.into() }))
+            }
+            "unix" => {
+                no_params(&params)?;
+                if rest.is_empty() {
+                    return Err(bad("missing socket path, e.g. unix:///tmp/tensorwire.sock"));
+                }
+                if rest.len() > 107 {
+                    return Err(bad("socket path longer than 107 bytes (the sun_path limit)"));
+                }
+                Ok(Endpoint::Unix(PathBuf::from(rest)))
+            }
+            "tcp" => {
+                let mut nodelay = true;
+                for (k, v) in &params {
+                    match (k.as_str(), v.as_str()) {
+                        ("nodelay", "1" | "true") => nodelay = true,
+                        ("nodelay", "0" | "false") => nodelay = false,
+                        ("nodelay", v) => return Err(bad(&format!("nodelay must be 0 or 1, not '{v}'"))),
+                        (k, _) => return Err(bad(&format!("unknown parameter '{k}' for tcp://"))),
+                    }
+                }
+                let (host, port) = rest
+                    .rsplit_once(':')
+                    .ok_or_else(|| bad("missing port, e.g. tcp://127.0.0.1:7070"))?;
+                if host.is_empty() {
+                    return Err(bad("missing host, e.g. tcp://127.0.0.1:7070"));
+                }
+                port.parse::<u16>()
+                    .map_err(|_| bad(&format!("port '{port}' is not a number from 0 to 65535")))?;
+                Ok(Endpoint::Tcp { addr: rest.to_string(), nodelay })
+            }
+            "shm" => Err(bad("the shared-memory transport is not built yet")),
+            "vsock" => Err(bad("the vsock transport is not built yet")),
+            other => Err(bad(&format!(
+                "unknown scheme '{other}' (known: inproc, unix, tcp)"
+            ))),
+        }
+    }
+}
+
+fn parse_query(q: Option<&str>) -> Result<Vec<(String, String)>, String> {
+    let Some(q) = q else { return Ok(Vec::new()) };
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| format!("parameter '{p}' has no value (use key=value)"))
+        })
+        .collect()
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = TransportError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Endpoint::parse(s)
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Inproc(n) => write!(f, "inproc://{n}"),
+            Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
+            Endpoint::Tcp { addr, nodelay: true } => write!(f, "tcp://{addr}"),
+            Endpoint::Tcp { addr, nodelay: false } => write!(f, "tcp://{addr}?nodelay=0"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_known_schemes() {
+        assert_eq!(Endpoint::parse("inproc://").unwrap(), Endpoint::Inproc("default".into()));
+        assert_eq!(Endpoint::parse("inproc://a").unwrap(), Endpoint::Inproc("a".into()));
+        assert_eq!(
+            Endpoint::parse("unix:///tmp/x.sock").unwrap(),
+            Endpoint::Unix("/tmp/x.sock".into())
+        );
+        assert_eq!(
+            Endpoint::parse("tcp://127.0.0.1:7070").unwrap(),
+            Endpoint::Tcp { addr: "127.0.0.1:7070".into(), nodelay: true }
+        );
+        assert_eq!(
+            Endpoint::parse("tcp://[::1]:1?nodelay=0").unwrap(),
+            Endpoint::Tcp { addr: "[::1]:1".into(), nodelay: false }
+        );
+        for s in ["inproc://a", "unix:///tmp/x.sock", "tcp://h:1", "tcp://h:1?nodelay=0"] {
+            assert_eq!(Endpoint::parse(s).unwrap().to_string(), s);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_uris_clearly() {
+        for (uri, needle) in [
+            ("127.0.0.1:80", "SCHEME://"),
+            ("http://x:1", "unknown scheme 'http'"),
+            ("unix://", "missing socket path"),
+            ("tcp://localhost", "missing port"),
+            ("tcp://:80", "missing host"),
+            ("tcp://h:99999", "port"),
+            ("tcp://h:1?nodelay=2", "nodelay must be"),
+            ("tcp://h:1?speed=9", "unknown parameter 'speed'"),
+            ("unix:///a?x=1", "unknown parameter 'x'"),
+            ("tcp://h:1?nodelay", "has no value"),
+        ] {
+            let e = Endpoint::parse(uri).unwrap_err().to_string();
+            assert!(e.contains(needle), "{uri}: {e}");
+        }
+    }
+}

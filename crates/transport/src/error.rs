@@ -1,0 +1,50 @@
+//! Transport errors.
+
+use std::io;
+use thiserror::Error;
+use wire::WireError;
+
+/// Errors opening or using a transport.
+#[derive(Debug, Error)]
+pub enum TransportError {
+    /// The URI could not be parsed, or names no known transport.
+    #[error("bad endpoint '{uri}': {reason}")]
+    BadUri {
+        /// The URI as given.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No in-process agent is registered under this name.
+    #[error("no in-process agent named '{0}' (start one in this process first)")]
+    NoInprocAgent(String),
+    /// Connecting or binding failed.
+    #[error("{what} {endpoint}: {source}")]
+    Io {
+        /// What was being done ("connect to", "listen on").
+        what: &'static str,
+        /// The endpoint.
+        endpoint: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Why a message could not be received.
+#[derive(Debug, Error)]
+pub enum RecvError {
+    /// The peer closed the connection cleanly between messages.
+    #[error("connection closed by peer")]
+    Closed,
+    /// Nothing of the next message arrived within the read timeout; the
+    /// stream is still in sync and may be read again.
+    #[error("timed out waiting for a message")]
+    TimedOut,
+    /// The header is invalid or over the limits: the stream cannot be
+    /// trusted any more and the connection should be closed.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// The connection failed, or the peer stopped or vanished mid-message.
+    #[error("connection failed: {0}")]
+    Io(#[from] io::Error),
+}

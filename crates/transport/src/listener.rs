@@ -1,0 +1,152 @@
+//! [`Listener`]: accepts stream connections on a Unix or TCP endpoint.
+//!
+//! A Unix listener removes a stale socket file left by a dead agent (after
+//! checking nobody answers on it) and removes its own file when dropped.
+//! [`ListenerWaker`] lets another thread wake a blocked `accept` for shutdown.
+
+use crate::endpoint::Endpoint;
+use crate::error::TransportError;
+use crate::stream::StreamConn;
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A listening socket.
+#[derive(Debug)]
+pub struct Listener {
+    kind: Kind,
+    endpoint: Endpoint,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener, bool),
+}
+
+/// Wakes a thread blocked in [`Listener::accept`] (which then fails), for shutdown.
+#[derive(Debug)]
+pub struct ListenerWaker {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl ListenerWaker {
+    /// Makes the blocked (and every future) `accept` return an error.
+    pub fn wake(&self) {
+        // shutdown(2) on a listening socket makes Linux fail accept() with EINVAL.
+        let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
+    }
+}
+
+impl Listener {
+    /// Binds and listens on a Unix or TCP endpoint.
+    pub fn bind(ep: &Endpoint) -> Result<Listener, TransportError> {
+        let err = |source: io::Error| TransportError::Io {
+            what: "listen on",
+            endpoint: ep.to_string(),
+            source,
+        };
+        match ep {
+            Endpoint::Unix(path) => {
+                if path.exists() {
+                    if UnixStream::connect(path).is_ok() {
+                        return Err(err(io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            "another process is listening on this socket",
+                        )));
+                    }
+                    std::fs::remove_file(path).map_err(err)?;
+                }
+                let l = UnixListener::bind(path).map_err(err)?;
+                Ok(Listener {
+                    kind: Kind::Unix(l, path.clone()),
+                    endpoint: ep.clone(),
+                })
+            }
+            Endpoint::Tcp { addr, nodelay } => {
+                let l = TcpListener::bind(addr.as_str()).map_err(err)?;
+                let local = l.local_addr().map_err(err)?;
+                Ok(Listener {
+                    kind: Kind::Tcp(l, *nodelay),
+                    endpoint: Endpoint::Tcp {
+                        addr: local.to_string(),
+                        nodelay: *nodelay,
+                    },
+                })
+            }
+            Endpoint::Inproc(_) => Err(TransportError::BadUri {
+                uri: ep.to_string(),
+                reason: "in-process endpoints are registered, not bound".into(),
+            }),
+        }
+    }
+
+    /// The endpoint actually listened on (a TCP port 0 is resolved).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Waits for the next connection.
+    pub fn accept(&self) -> io::Result<StreamConn> {
+        match &self.kind {
+            Kind::Unix(l, path) => {
+                let (s, _) = l.accept()?;
+                Ok(StreamConn::from_unix(s, format!("unix:{}", path.display())))
+            }
+            Kind::Tcp(l, nodelay) => {
+                let (s, _) = l.accept()?;
+                StreamConn::from_tcp(s, *nodelay)
+            }
+        }
+    }
+
+    /// A handle that can wake a blocked `accept` from another thread.
+    pub fn waker(&self) -> io::Result<ListenerWaker> {
+        let fd = match &self.kind {
+            Kind::Unix(l, _) => std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?,
+            Kind::Tcp(l, _) => std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?,
+        };
+        Ok(ListenerWaker { fd })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Kind::Unix(_, path) = &self.kind {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Connects to a Unix or TCP endpoint, giving up after `timeout`.
+pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, TransportError> {
+    let err = |source: io::Error| TransportError::Io {
+        what: "connect to",
+        endpoint: ep.to_string(),
+        source,
+    };
+    match ep {
+        Endpoint::Unix(path) => {
+            let s = UnixStream::connect(path).map_err(err)?;
+            Ok(StreamConn::from_unix(s, ep.to_string()))
+        }
+        Endpoint::Tcp { addr, nodelay } => {
+            use std::net::ToSocketAddrs;
+            let mut last = io::Error::new(io::ErrorKind::NotFound, "host resolved to no address");
+            for a in addr.to_socket_addrs().map_err(err)? {
+                match TcpStream::connect_timeout(&a, timeout) {
+                    Ok(s) => return StreamConn::from_tcp(s, *nodelay).map_err(err),
+                    Err(e) => last = e,
+                }
+            }
+            Err(err(last))
+        }
+        Endpoint::Inproc(_) => Err(TransportError::BadUri {
+            uri: ep.to_string(),
+            reason: "in-process endpoints are looked up with transport::inproc".into(),
+        }),
+    }
+}
+

@@ -1,0 +1,530 @@
+//! [`StreamConn`]: tensorwire framing over a connected Unix or TCP socket.
+//!
+//! Sending: one message is one vectored `sendmsg` straight from the caller's
+//! buffers — header, descriptor section, then each tensor at its 64-byte
+//! aligned payload offset (zero padding between tensors comes from a static
+//! block) — so a message never crosses the wire as two writes, and Nagle's
+//! algorithm has no partial segment to hold back.
+//!
+//! Receiving: [`StreamConn::recv_head`] reads into a small staging buffer,
+//! decodes the header, checks every length against the session limits, and
+//! returns the header and descriptor section; the caller validates the
+//! descriptors and then calls [`StreamConn::recv_payload`] with the
+//! destination buffer it chose, into which the payload is read in place. The
+//! only payload bytes that pass through the staging buffer are those that
+//! arrived in the same `read` as the header (at most [`STAGING_LEN`]), which
+//! is what lets a small message cost a single `read` syscall.
+//! [`StreamStats::staged_payload_bytes`] counts them.
+//!
+//! Timeouts: the socket's read timeout bounds how long a read waits. Timing
+//! out *between* messages is harmless ([`RecvError::TimedOut`], still in
+//! sync); timing out *inside* a message means the peer stalled and the
+//! connection is done.
+
+use crate::error::RecvError;
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendFlags};
+use std::io::{self, IoSlice, Read};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+use wire::{align_up, Header, Limits, HEADER_LEN};
+
+/// Size of the staging buffer a header is read into (payload bytes that
+/// arrive with the header are moved out of it).
+pub const STAGING_LEN: usize = 8192;
+
+static ZEROS: [u8; 64] = [0; 64];
+
+/// Counters a connection keeps about what it received.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Messages whose header was received.
+    pub messages: u64,
+    /// Payload bytes that arrived in the staging buffer together with a
+    /// header and were moved into their destination (the only user-space
+    /// copy on the receive path).
+    pub staged_payload_bytes: u64,
+    /// Payload bytes read by the kernel straight into their destination.
+    pub direct_payload_bytes: u64,
+}
+
+#[derive(Debug)]
+enum Sock {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Sock {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Sock::Unix(s) => s.as_fd(),
+            Sock::Tcp(s) => s.as_fd(),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Unix(s) => s.read(buf),
+            Sock::Tcp(s) => s.read(buf),
+        }
+    }
+
+    fn try_clone(&self) -> io::Result<Sock> {
+        Ok(match self {
+            Sock::Unix(s) => Sock::Unix(s.try_clone()?),
+            Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Sock::Unix(s) => s.shutdown(how),
+            Sock::Tcp(s) => s.shutdown(how),
+        }
+    }
+}
+
+/// One connected socket speaking tensorwire framing. One thread reads
+/// (`recv_*` take `&mut self`); any number may send through
+/// [`StreamConn::writer`] handles as long as each message is sent whole
+/// by one of them at a time (callers serialise sends).
+#[derive(Debug)]
+pub struct StreamConn {
+    sock: Sock,
+    staging: Vec<u8>,
+    start: usize,
+    end: usize,
+    stats: StreamStats,
+    peer: String,
+}
+
+/// A send-only handle on a [`StreamConn`]'s socket.
+#[derive(Debug)]
+pub struct StreamWriter {
+    sock: Sock,
+}
+
+impl StreamConn {
+    fn new(sock: Sock, peer: String) -> StreamConn {
+        StreamConn {
+            sock,
+            staging: vec![0; STAGING_LEN],
+            start: 0,
+            end: 0,
+            stats: StreamStats::default(),
+            peer,
+        }
+    }
+
+    /// Wraps a connected Unix stream.
+    pub fn from_unix(s: UnixStream, peer: String) -> StreamConn {
+        StreamConn::new(Sock::Unix(s), peer)
+    }
+
+    /// Wraps a connected TCP stream, setting `TCP_NODELAY` to `nodelay`.
+    pub fn from_tcp(s: TcpStream, nodelay: bool) -> io::Result<StreamConn> {
+        s.set_nodelay(nodelay)?;
+        let peer = s.peer_addr().map_or_else(|_| "tcp peer".to_string(), |a| a.to_string());
+        Ok(StreamConn::new(Sock::Tcp(s), peer))
+    }
+
+    /// A human-readable name for the peer (for logs and errors).
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// What this connection has received so far.
+    pub fn stats(&self) -> StreamStats {
+        self.stats
+    }
+
+    /// Bounds how long one read may wait (`None` = forever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match &self.sock {
+            Sock::Unix(s) => s.set_read_timeout(t),
+            Sock::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    /// Bounds how long a blocked send may wait for the peer to read (`None` = forever).
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match &self.sock {
+            Sock::Unix(s) => s.set_write_timeout(t),
+            Sock::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// A send-only handle sharing this socket.
+    pub fn writer(&self) -> io::Result<StreamWriter> {
+        Ok(StreamWriter {
+            sock: self.sock.try_clone()?,
+        })
+    }
+
+    /// Closes both directions; a thread blocked reading wakes with EOF.
+    pub fn shutdown(&self) -> io::Result<()> {
+        self.sock.shutdown(Shutdown::Both)
+    }
+
+    /// Sends one message; see [`send_message`].
+    pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
+        send_message(self.sock.fd(), header, desc, tensors, None)
+    }
+
+    /// True when bytes of a next message are already buffered (no syscall).
+    pub fn has_buffered(&self) -> bool {
+        self.end > self.start
+    }
+
+    /// Reads the next message's header and descriptor section. The header is
+    /// decoded and checked against `limits` before the descriptor section is
+    /// read; the payload is left unread for [`StreamConn::recv_payload`] or
+    /// [`StreamConn::skip_payload`].
+    pub fn recv_head(&mut self, limits: &Limits) -> Result<(Header, Vec<u8>), RecvError> {
+        self.fill(HEADER_LEN, true)?;
+        let header = Header::decode(&self.staging[self.start..self.start + HEADER_LEN])?;
+        header.check_limits(limits)?;
+        self.start += HEADER_LEN;
+        self.stats.messages += 1;
+        let dlen = header.desc_len as usize;
+        self.fill(dlen, false)?;
+        let desc = self.staging[self.start..self.start + dlen].to_vec();
+        self.start += dlen;
+        Ok((header, desc))
+    }
+
+    /// Reads exactly `dest.len()` payload bytes into `dest`.
+    pub fn recv_payload(&mut self, dest: &mut [u8]) -> Result<(), RecvError> {
+        let staged = (self.end - self.start).min(dest.len());
+        dest[..staged].copy_from_slice(&self.staging[self.start..self.start + staged]);
+        self.start += staged;
+        self.stats.staged_payload_bytes += staged as u64;
+        let mut pos = staged;
+        while pos < dest.len() {
+            match self.sock.read(&mut dest[pos..]) {
+                Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
+                Ok(n) => pos += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => return Err(mid_message(io::ErrorKind::TimedOut)),
+                Err(e) => return Err(RecvError::Io(e)),
+            }
+        }
+        self.stats.direct_payload_bytes += (dest.len() - staged) as u64;
+        Ok(())
+    }
+
+    /// Reads and discards `len` payload bytes (after a rejected header), so
+    /// the stream stays in sync.
+    pub fn skip_payload(&mut self, mut len: u64) -> Result<(), RecvError> {
+        while len > 0 {
+            if self.start == self.end {
+                self.start = 0;
+                self.end = 0;
+                self.fill(1, false)?;
+            }
+            let n = ((self.end - self.start) as u64).min(len);
+            self.start += n as usize;
+            len -= n;
+        }
+        Ok(())
+    }
+
+    /// Ensures `n` bytes are buffered from `start`. `at_boundary` says the
+    /// caller is between messages, where EOF and timeouts are benign.
+    fn fill(&mut self, n: usize, at_boundary: bool) -> Result<(), RecvError> {
+        if self.end - self.start >= n {
+            return Ok(());
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.staging.len() - self.start < n {
+            self.staging.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.staging.len() < n {
+            // Only a descriptor section larger than the staging buffer gets
+            // here, and its length was checked against the limits already.
+            self.staging.resize(n, 0);
+        }
+        while self.end - self.start < n {
+            let empty = at_boundary && self.start == self.end;
+            match self.sock.read(&mut self.staging[self.end..]) {
+                Ok(0) if empty => return Err(RecvError::Closed),
+                Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
+                Ok(k) => self.end += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) && empty => return Err(RecvError::TimedOut),
+                Err(e) if is_timeout(&e) => return Err(mid_message(io::ErrorKind::TimedOut)),
+                Err(e) => return Err(RecvError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StreamWriter {
+    /// Sends one message; see [`send_message`].
+    pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
+        send_message(self.sock.fd(), header, desc, tensors, None)
+    }
+
+    /// Sends one message; while the socket is full, calls `on_readable`
+    /// whenever the peer has sent something, so a peer that writes before it
+    /// reads cannot deadlock us (see [`send_message`]).
+    pub fn send_draining(
+        &self,
+        header: &Header,
+        desc: &[u8],
+        tensors: &[&[u8]],
+        on_readable: &mut dyn FnMut() -> io::Result<()>,
+        timeout: Option<Duration>,
+    ) -> io::Result<()> {
+        send_message(self.sock.fd(), header, desc, tensors, Some((on_readable, timeout)))
+    }
+
+    /// Closes both directions of the socket.
+    pub fn shutdown(&self) -> io::Result<()> {
+        self.sock.shutdown(Shutdown::Both)
+    }
+}
+
+type Drain<'a> = (&'a mut dyn FnMut() -> io::Result<()>, Option<Duration>);
+
+/// Sends header + `desc` + `tensors` as one message with vectored writes.
+///
+/// `tensors` are laid out back to back at 64-byte aligned offsets, exactly
+/// as [`wire::layout_payload`] computes them; `header.desc_len` and
+/// `header.payload_len` must match. With `drain`, the socket is written
+/// without blocking, and while it is full the callback runs each time the
+/// socket becomes readable (a client reads responses there, so that a
+/// pipelined sender and an agent that answers in order never wait on each
+/// other); its timeout bounds each wait for writability.
+fn send_message(
+    fd: BorrowedFd<'_>,
+    header: &Header,
+    desc: &[u8],
+    tensors: &[&[u8]],
+    mut drain: Option<Drain<'_>>,
+) -> io::Result<()> {
+    if header.desc_len as usize != desc.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "header desc_len does not match the descriptor section",
+        ));
+    }
+    let head = header.encode();
+    let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(2 + 2 * tensors.len());
+    iov.push(IoSlice::new(&head));
+    iov.push(IoSlice::new(desc));
+    let mut cursor = 0u64;
+    for t in tensors {
+        let off = align_up(cursor).unwrap_or(u64::MAX);
+        let pad = (off - cursor) as usize;
+        if pad > 0 {
+            iov.push(IoSlice::new(&ZEROS[..pad]));
+        }
+        iov.push(IoSlice::new(t));
+        cursor = off.saturating_add(t.len() as u64);
+    }
+    if cursor != header.payload_len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "tensors lay out to {cursor} payload bytes, header says {}",
+                header.payload_len
+            ),
+        ));
+    }
+    let mut slices: &mut [IoSlice<'_>] = &mut iov;
+    let flags = if drain.is_some() {
+        SendFlags::NOSIGNAL | SendFlags::DONTWAIT
+    } else {
+        SendFlags::NOSIGNAL
+    };
+    while !slices.is_empty() {
+        match sendmsg(fd, slices, &mut SendAncillaryBuffer::default(), flags) {
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => match drain.as_mut() {
+                // Blocking socket: SO_SNDTIMEO expired, the peer is not reading.
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "peer stopped reading (send timed out)",
+                    ))
+                }
+                Some((on_readable, timeout)) => {
+                    let mut fds = [PollFd::new(&fd, PollFlags::OUT | PollFlags::IN)];
+                    let ts = timeout.map(|t| rustix::time::Timespec {
+                        tv_sec: t.as_secs() as i64,
+                        tv_nsec: t.subsec_nanos() as i64,
+                    });
+                    match poll(&mut fds, ts.as_ref()) {
+                        Ok(0) => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "peer stopped reading (send timed out)",
+                            ))
+                        }
+                        Ok(_) => {
+                            let ready = fds[0].revents();
+                            if ready.contains(PollFlags::IN) && !ready.contains(PollFlags::OUT) {
+                                on_readable()?;
+                            }
+                        }
+                        Err(Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            },
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+fn mid_message(kind: io::ErrorKind) -> RecvError {
+    let what = match kind {
+        io::ErrorKind::UnexpectedEof => "peer closed the connection in the middle of a message",
+        _ => "peer stalled in the middle of a message",
+    };
+    RecvError::Io(io::Error::new(kind, what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::{encode_tensor_section, layout_payload, Kind, TensorDesc, DType};
+
+    fn pair() -> (StreamConn, StreamConn) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()))
+    }
+
+    fn request(tensors: &[&[u8]]) -> (Header, Vec<u8>) {
+        let (offs, plen) = layout_payload(tensors.iter().map(|t| t.len() as u64)).unwrap();
+        let descs: Vec<TensorDesc> = tensors
+            .iter()
+            .zip(offs)
+            .map(|(t, offset)| TensorDesc {
+                dtype: DType::U8,
+                shape: vec![t.len() as u64],
+                offset,
+                len: t.len() as u64,
+            })
+            .collect();
+        let mut desc = Vec::new();
+        encode_tensor_section(&descs, None, &mut desc);
+        let mut h = Header::new(Kind::Request);
+        h.tensor_count = descs.len() as u32;
+        h.desc_len = desc.len() as u32;
+        h.payload_len = plen;
+        (h, desc)
+    }
+
+    #[test]
+    fn message_round_trip_with_alignment_padding() {
+        let (a, mut b) = pair();
+        let t0 = vec![1u8; 3];
+        let t1: Vec<u8> = (0..100u8).collect();
+        let (h, desc) = request(&[&t0, &t1]);
+        a.send(&h, &desc, &[&t0, &t1]).unwrap();
+        let (got, gdesc) = b.recv_head(&Limits::default()).unwrap();
+        assert_eq!(got, h);
+        assert_eq!(gdesc, desc);
+        let mut payload = vec![0u8; h.payload_len as usize];
+        b.recv_payload(&mut payload).unwrap();
+        assert_eq!(&payload[..3], &t0[..]);
+        assert!(payload[3..64].iter().all(|&x| x == 0));
+        assert_eq!(&payload[64..164], &t1[..]);
+    }
+
+    #[test]
+    fn large_payload_goes_mostly_direct() {
+        let (a, mut b) = pair();
+        let big = vec![7u8; 1 << 20];
+        let (h, desc) = request(&[&big]);
+        let t = std::thread::spawn(move || {
+            a.send(&h, &desc, &[&big]).unwrap();
+            a
+        });
+        let (h, _) = b.recv_head(&Limits::default()).unwrap();
+        let mut dest = vec![0u8; h.payload_len as usize];
+        b.recv_payload(&mut dest).unwrap();
+        t.join().unwrap();
+        assert!(dest.iter().all(|&x| x == 7));
+        let s = b.stats();
+        assert!(s.staged_payload_bytes <= STAGING_LEN as u64);
+        assert_eq!(s.staged_payload_bytes + s.direct_payload_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn limits_checked_before_reading_body() {
+        let (a, mut b) = pair();
+        let mut h = Header::new(Kind::Request);
+        h.payload_len = u64::MAX;
+        a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
+        // Write a header claiming a huge payload, and nothing else.
+        rustix::io::write(&a.sock.fd(), &h.encode()).unwrap();
+        assert!(b.recv_head(&Limits::default()).is_ok());
+        match b.recv_head(&Limits::default()) {
+            Err(RecvError::Wire(e)) => assert!(e.to_string().contains("payload length")),
+            other => panic!("expected limit error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn eof_between_and_inside_messages() {
+        let (a, mut b) = pair();
+        drop(a);
+        assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Closed)));
+        let (a, mut b) = pair();
+        rustix::io::write(&a.sock.fd(), &Header::new(Kind::Ping).encode()[..10]).unwrap();
+        drop(a);
+        assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Io(_))));
+    }
+
+    #[test]
+    fn timeout_between_messages_is_benign() {
+        let (a, mut b) = pair();
+        b.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::TimedOut)));
+        a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
+        assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
+    }
+
+    #[test]
+    fn skip_payload_keeps_sync() {
+        let (a, mut b) = pair();
+        let big = vec![9u8; 100_000];
+        let (h, desc) = request(&[&big]);
+        let t = std::thread::spawn(move || {
+            a.send(&h, &desc, &[&big]).unwrap();
+            a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
+            a
+        });
+        let (h, _) = b.recv_head(&Limits::default()).unwrap();
+        b.skip_payload(h.payload_len).unwrap();
+        assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn mismatched_lengths_are_refused_before_sending() {
+        let (a, _b) = pair();
+        let mut h = Header::new(Kind::Request);
+        h.payload_len = 5;
+        assert!(a.send(&h, &[], &[b"abc"]).is_err());
+        h.desc_len = 3;
+        assert!(a.send(&h, &[], &[]).is_err());
+    }
+}
