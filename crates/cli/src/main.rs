@@ -1,1 +1,48 @@
-fn main() {}
+//! `tensorwire`: the command-line face of tensorwire. Each subcommand lives
+//! in its own module under `cmd/`; this file only parses arguments.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// tensorwire: call models in a shared agent at (almost) in-process cost.
+#[derive(Parser)]
+#[command(name = "tensorwire", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an agent: load models once, listen on one or more endpoints.
+    Serve(cmd::serve::Args),
+    /// Run a model once on tensors from .npy files.
+    Infer(cmd::infer::Args),
+    /// List the models an agent serves, with their signatures.
+    Models(cmd::models::Args),
+    /// Measure round trips through the identity model (or a bare socket).
+    Ping(cmd::ping::Args),
+    /// (internal) The echo peer of `ping --raw`.
+    #[command(hide = true)]
+    RawEcho(cmd::ping::EchoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Infer(a) => cmd::infer::run(a),
+        Command::Models(a) => cmd::models::run(a),
+        Command::Ping(a) => cmd::ping::run(a),
+        Command::RawEcho(a) => cmd::ping::run_echo(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tensorwire: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

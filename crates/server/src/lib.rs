@@ -1,1 +1,24 @@
-//! The tensorwire agent: model registry, sessions, per-model queues, timelines, listeners, shutdown.
+//! The agent: the process that owns the models and answers requests for
+//! them over every transport it listens on.
+//!
+//! An [`Agent`] loads each model once ([`registry`]), listens on any number
+//! of endpoints at once, and runs one [`session`] per connection. Every
+//! request is validated against the session's limits and the model's
+//! signature before its payload is read, is stamped on a
+//! [`wire::Timeline`] as it moves, and reaches its engine through the
+//! model's [`queue`]: a FIFO admission queue whose holder runs the model on
+//! its own thread, so an uncontended request never changes threads (a
+//! cross-core wake-up costs ~5 µs here — more than a Unix-socket round trip).
+//! The same [`dispatch`] code serves socket sessions and in-process callers.
+
+mod agent;
+pub mod config;
+pub mod dispatch;
+mod inproc;
+pub mod queue;
+pub mod registry;
+pub mod session;
+
+pub use agent::{Agent, AgentStats};
+pub use config::{AgentConfig, ConfigError, ModelConfig};
+pub use registry::{ModelEntry, ModelRegistry};

@@ -1,0 +1,55 @@
+//! The subcommands, one module each, plus what they share: connecting to an
+//! agent, or starting an embedded one when the URI is `inproc://`.
+
+pub mod infer;
+pub mod models;
+pub mod ping;
+pub mod serve;
+
+use client::Client;
+use server::{Agent, AgentConfig, ModelConfig};
+use transport::Endpoint;
+
+/// Any error a subcommand reports (printed as `tensorwire: error: ...`).
+pub type CmdError = Box<dyn std::error::Error>;
+
+/// The endpoint used when none is given: the embedded, in-process agent.
+pub const DEFAULT_CONNECT: &str = "inproc://";
+
+/// A connected client, and the embedded agent it talks to when `uri` is
+/// `inproc://...` (kept alive as long as the client is used).
+pub struct Connection {
+    /// The client.
+    pub client: Client,
+    /// The embedded agent, if one was started.
+    pub _agent: Option<Agent>,
+}
+
+/// Connects to `uri`. For `inproc://name` with no agent of that name in this
+/// process yet, starts an embedded agent serving `models` first.
+pub fn connect(uri: &str, models: &[ModelConfig], opts: client::ClientOptions) -> Result<Connection, CmdError> {
+    let ep = Endpoint::parse(uri)?;
+    let agent = match &ep {
+        Endpoint::Inproc(name) if transport::inproc::lookup(name).is_none() => {
+            let cfg = AgentConfig {
+                listen: vec![ep.clone()],
+                models: models.to_vec(),
+                ..AgentConfig::default()
+            };
+            Some(Agent::start(cfg)?)
+        }
+        _ => {
+            if !models.is_empty() {
+                return Err("--load only applies to the embedded agent (inproc://)".into());
+            }
+            None
+        }
+    };
+    let client = Client::connect_with(uri, opts)?;
+    Ok(Connection { client, _agent: agent })
+}
+
+/// Parses repeated `NAME=PATH` model flags.
+pub fn parse_models(flags: &[String]) -> Result<Vec<ModelConfig>, CmdError> {
+    Ok(flags.iter().map(|s| ModelConfig::parse_flag(s)).collect::<Result<_, _>>()?)
+}

@@ -1,0 +1,105 @@
+//! `tensorwire serve`: run an agent until SIGINT or SIGTERM.
+
+use super::CmdError;
+use server::{config::parse_endpoint, Agent, AgentConfig, ModelConfig};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Arguments of `serve`. Flags add to (or override) the config file.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A model to serve, as NAME=PATH.onnx (repeatable).
+    #[arg(long = "model", value_name = "NAME=PATH")]
+    models: Vec<String>,
+    /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0] (repeatable).
+    #[arg(long = "listen", value_name = "URI")]
+    listen: Vec<String>,
+    /// A TOML config file with the same settings.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// ONNX Runtime intra-op threads per run.
+    #[arg(long)]
+    intra_threads: Option<usize>,
+    /// ONNX Runtime inter-op threads.
+    #[arg(long)]
+    inter_threads: Option<usize>,
+    /// Most connections open at once.
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Largest request payload in bytes.
+    #[arg(long)]
+    max_payload: Option<u64>,
+    /// Seconds in-flight requests get to finish on shutdown.
+    #[arg(long, default_value_t = 30)]
+    grace: u64,
+}
+
+/// Runs the agent in the foreground.
+pub fn run(a: Args) -> Result<(), CmdError> {
+    let mut cfg = match &a.config {
+        Some(p) => AgentConfig::from_file(p)?,
+        None => AgentConfig::default(),
+    };
+    for l in &a.listen {
+        cfg.listen.push(parse_endpoint(l)?);
+    }
+    for m in &a.models {
+        cfg.models.push(ModelConfig::parse_flag(m)?);
+    }
+    if let Some(n) = a.intra_threads {
+        cfg.intra_threads = n;
+    }
+    if let Some(n) = a.inter_threads {
+        cfg.inter_threads = n;
+    }
+    if let Some(n) = a.max_connections {
+        cfg.max_connections = n;
+    }
+    if let Some(n) = a.max_payload {
+        cfg.limits.max_payload = n;
+    }
+    if cfg.listen.is_empty() {
+        return Err("nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let agent = Agent::start(cfg)?;
+    for m in agent.core().registry.iter() {
+        let s = m.signature();
+        eprintln!("tensorwire agent: model {} (id {}) {}", s.name, m.id, describe(s));
+    }
+    for ep in agent.endpoints() {
+        // One line per endpoint on stdout, so scripts can wait for readiness.
+        println!("listening on {ep}");
+    }
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("tensorwire agent: shutting down (in-flight requests get {}s to finish)", a.grace);
+    let unfinished = agent.shutdown(Duration::from_secs(a.grace));
+    if unfinished > 0 {
+        eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
+    }
+    eprintln!("tensorwire agent: stopped");
+    Ok(())
+}
+
+/// `(x: float32[?, 64]) -> (logits: float32[?, 10])`.
+pub fn describe(s: &wire::ModelSignature) -> String {
+    if s.inputs.is_empty() && s.outputs.is_empty() {
+        return "(any tensors) -> (the same tensors)".into();
+    }
+    let list = |v: &[wire::TensorSpec]| {
+        v.iter()
+            .map(|t| format!("{}: {}", t.name, t.describe()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!("({}) -> ({})", list(&s.inputs), list(&s.outputs))
+}

@@ -1,0 +1,629 @@
+//! [`Client`]: one session with an agent, over a socket or in-process.
+//!
+//! Requests carry ids; responses may come back in any order and are matched
+//! by id. There is no reader thread: a caller waiting for its response takes
+//! the reader role, reads frames, keeps the ones meant for others in a map
+//! and wakes them. A sender that finds the socket full reads responses while
+//! it waits, so pipelining large requests cannot deadlock against an agent
+//! that answers in order.
+
+use crate::error::ClientError;
+use crate::tensor::{Tensor, TensorRef};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use transport::inproc::{InprocReply, InprocRequest, InprocService};
+use transport::{Endpoint, RecvError, StreamConn, StreamWriter};
+use wire::{
+    decode_error_body, decode_hello, decode_model_list, decode_signature, decode_tensor_section,
+    encode_hello, encode_model_name, encode_tensor_section, flags, layout_payload, monotonic_ns,
+    AlignedBuf, Header, Kind, Limits, ModelSignature, TensorDesc, Timeline,
+};
+
+/// How a client connects and waits.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long a call waits for its response before [`ClientError::Timeout`].
+    pub timeout: Duration,
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+    /// Limits to ask the agent for (0 fields = the agent's).
+    pub limits: Limits,
+    /// Largest response payload accepted from the agent.
+    pub max_response_payload: u64,
+    /// Ask the agent for each request's timeline.
+    pub want_timeline: bool,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            limits: Limits {
+                max_tensors: 0,
+                max_in_flight: 0,
+                max_payload: 0,
+                max_desc_len: 0,
+            },
+            max_response_payload: 4 << 30,
+            want_timeline: false,
+        }
+    }
+}
+
+/// A received message: header, descriptor section, payload.
+struct Frame {
+    header: Header,
+    desc: Vec<u8>,
+    payload: Payload,
+}
+
+enum Payload {
+    Contiguous(AlignedBuf),
+    PerTensor(Vec<AlignedBuf>),
+}
+
+/// A model's outputs, with the agent's timeline when asked for.
+#[derive(Debug)]
+pub struct Response {
+    /// Outputs in the model's output order.
+    pub outputs: Vec<Tensor>,
+    /// The agent's stamps (with `want_timeline`).
+    pub timeline: Option<Timeline>,
+    /// `CLOCK_MONOTONIC` ns just before the request was encoded.
+    pub client_start_ns: u64,
+    /// `CLOCK_MONOTONIC` ns when the response was complete.
+    pub client_done_ns: u64,
+}
+
+/// A model as listed by the agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The id requests use.
+    pub id: u32,
+    /// Name, inputs and outputs.
+    pub signature: ModelSignature,
+}
+
+struct Shared {
+    completed: HashMap<u64, Frame>,
+    abandoned: HashSet<u64>,
+    reading: bool,
+    dead: Option<String>,
+    /// Ids of requests sent and not yet answered (control messages excluded).
+    pending: HashSet<u64>,
+}
+
+struct StreamLink {
+    writer: Mutex<StreamWriter>,
+    reader: Mutex<StreamConn>,
+    shared: Mutex<Shared>,
+    cv: Condvar,
+}
+
+enum Link {
+    Stream(StreamLink),
+    Inproc {
+        service: Arc<dyn InprocService>,
+        replies: Mutex<HashMap<u64, InprocReply>>,
+    },
+}
+
+struct Inner {
+    link: Link,
+    uri: String,
+    opts: ClientOptions,
+    limits: Limits,
+    recv_limits: Limits,
+    next_id: AtomicU64,
+}
+
+/// A session with an agent. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Client({})", self.inner.uri)
+    }
+}
+
+/// A model resolved on a session: its id and signature.
+#[derive(Clone, Debug)]
+pub struct Model {
+    client: Client,
+    info: ModelInfo,
+}
+
+/// A request in flight. Wait for it with [`Ticket::wait`]; dropping it
+/// discards the response when it comes.
+#[must_use = "a ticket's response is discarded unless it is waited for"]
+pub struct Ticket {
+    client: Client,
+    id: u64,
+    start_ns: u64,
+    waited: bool,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ticket({})", self.id)
+    }
+}
+
+impl Client {
+    /// Connects to `uri` with default options.
+    pub fn connect(uri: &str) -> Result<Client, ClientError> {
+        Client::connect_with(uri, ClientOptions::default())
+    }
+
+    /// Connects to `uri` and exchanges the session hello.
+    pub fn connect_with(uri: &str, opts: ClientOptions) -> Result<Client, ClientError> {
+        let ep = Endpoint::parse(uri)?;
+        let link = match &ep {
+            Endpoint::Inproc(name) => Link::Inproc {
+                service: transport::inproc::lookup(name)
+                    .ok_or_else(|| transport::TransportError::NoInprocAgent(name.clone()))?,
+                replies: Mutex::new(HashMap::new()),
+            },
+            _ => {
+                let conn = transport::connect(&ep, opts.connect_timeout)?;
+                let gone = |e: std::io::Error| ClientError::AgentGone(e.to_string());
+                conn.set_read_timeout(Some(opts.timeout)).map_err(gone)?;
+                conn.set_write_timeout(Some(opts.timeout)).map_err(gone)?;
+                Link::Stream(StreamLink {
+                    writer: Mutex::new(conn.writer().map_err(gone)?),
+                    reader: Mutex::new(conn),
+                    shared: Mutex::new(Shared {
+                        completed: HashMap::new(),
+                        abandoned: HashSet::new(),
+                        reading: false,
+                        dead: None,
+                        pending: HashSet::new(),
+                    }),
+                    cv: Condvar::new(),
+                })
+            }
+        };
+        let mut inner = Inner {
+            link,
+            uri: ep.to_string(),
+            recv_limits: Limits {
+                max_tensors: 4096,
+                max_in_flight: u32::MAX,
+                max_payload: opts.max_response_payload,
+                max_desc_len: 16 << 20,
+            },
+            opts,
+            limits: Limits::default(),
+            next_id: AtomicU64::new(1),
+        };
+        let hello = encode_hello(&inner.opts.limits);
+        let mut h = Header::new(Kind::Hello);
+        h.desc_len = hello.len() as u32;
+        let frame = inner.roundtrip(h, &hello)?;
+        expect_kind(&frame, Kind::HelloAck)?;
+        inner.limits = decode_hello(&frame.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok(Client {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The endpoint this client is connected to.
+    pub fn uri(&self) -> &str {
+        &self.inner.uri
+    }
+
+    /// The limits in force for this session.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    /// Looks a model up by name.
+    pub fn model(&self, name: &str) -> Result<Model, ClientError> {
+        if name.is_empty() || name.len() > wire::MAX_NAME_LEN {
+            return Err(ClientError::UnknownModel(format!("'{name}' is not a valid model name")));
+        }
+        let body = encode_model_name(name);
+        let mut h = Header::new(Kind::ModelQuery);
+        h.desc_len = body.len() as u32;
+        let f = self.inner.roundtrip(h, &body)?;
+        expect_kind(&f, Kind::ModelInfo)?;
+        let signature = decode_signature(&f.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok(Model {
+            client: self.clone(),
+            info: ModelInfo {
+                id: f.header.model_id,
+                signature,
+            },
+        })
+    }
+
+    /// Lists every model the agent serves.
+    pub fn models(&self) -> Result<Vec<ModelInfo>, ClientError> {
+        let f = self.inner.roundtrip(Header::new(Kind::ListModels), &[])?;
+        expect_kind(&f, Kind::ModelList)?;
+        Ok(decode_model_list(&f.desc)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?
+            .into_iter()
+            .map(|(id, signature)| ModelInfo { id, signature })
+            .collect())
+    }
+
+    /// One Ping/Pong round trip; returns how long it took.
+    pub fn ping(&self) -> Result<Duration, ClientError> {
+        let t = Instant::now();
+        let f = self.inner.roundtrip(Header::new(Kind::Ping), &[])?;
+        expect_kind(&f, Kind::Pong)?;
+        Ok(t.elapsed())
+    }
+
+    /// Waits for a submitted request (same as [`Ticket::wait`]).
+    pub fn wait(&self, ticket: Ticket) -> Result<Response, ClientError> {
+        ticket.wait()
+    }
+}
+
+impl Model {
+    /// The model's id on this session.
+    pub fn id(&self) -> u32 {
+        self.info.id
+    }
+
+    /// The model's name, inputs and outputs.
+    pub fn signature(&self) -> &ModelSignature {
+        &self.info.signature
+    }
+
+    /// Runs the model on `inputs` (in signature order) and waits for the outputs.
+    pub fn infer(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
+        self.submit(inputs)?.wait()
+    }
+
+    /// Sends a request without waiting; many may be in flight on one client.
+    pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
+        let start_ns = monotonic_ns();
+        let inner = &self.client.inner;
+        let sig = &self.info.signature;
+        // The identity model (empty signature) takes anything.
+        if !sig.inputs.is_empty() {
+            if inputs.len() != sig.inputs.len() {
+                return Err(ClientError::InvalidInput(format!(
+                    "model '{}' takes {} inputs, got {}",
+                    sig.name,
+                    sig.inputs.len(),
+                    inputs.len()
+                )));
+            }
+            for (spec, t) in sig.inputs.iter().zip(inputs) {
+                if !spec.accepts(t.dtype, t.shape) {
+                    return Err(ClientError::InvalidInput(format!(
+                        "model '{}' input '{}' must be {}, got {}{:?}",
+                        sig.name,
+                        spec.name,
+                        spec.describe(),
+                        t.dtype,
+                        t.shape
+                    )));
+                }
+            }
+        }
+        let limits = inner.limits;
+        if inputs.len() > limits.max_tensors as usize {
+            return Err(ClientError::LimitExceeded(format!(
+                "{} tensors, the session allows {}",
+                inputs.len(),
+                limits.max_tensors
+            )));
+        }
+        let (offsets, payload_len) = layout_payload(inputs.iter().map(|t| t.data.len() as u64))
+            .ok_or_else(|| ClientError::LimitExceeded("payload size overflows".into()))?;
+        if payload_len > limits.max_payload {
+            return Err(ClientError::LimitExceeded(format!(
+                "request payload is {payload_len} bytes, the session allows {}",
+                limits.max_payload
+            )));
+        }
+        let descs: Vec<TensorDesc> = inputs
+            .iter()
+            .zip(offsets)
+            .map(|(t, offset)| TensorDesc {
+                dtype: t.dtype,
+                shape: t.shape.to_vec(),
+                offset,
+                len: t.data.len() as u64,
+            })
+            .collect();
+        let mut desc = Vec::with_capacity(descs.iter().map(TensorDesc::encoded_len).sum());
+        encode_tensor_section(&descs, None, &mut desc);
+        if desc.len() > limits.max_desc_len as usize {
+            return Err(ClientError::LimitExceeded(format!(
+                "descriptor section is {} bytes, the session allows {}",
+                desc.len(),
+                limits.max_desc_len
+            )));
+        }
+        let mut h = Header::new(Kind::Request);
+        h.request_id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        h.model_id = self.info.id;
+        h.tensor_count = descs.len() as u32;
+        h.desc_len = desc.len() as u32;
+        h.payload_len = payload_len;
+        if inner.opts.want_timeline {
+            h.flags |= flags::WANT_TIMELINE;
+        }
+        let tensors: Vec<&[u8]> = inputs.iter().map(|t| t.data).collect();
+        inner.send(&h, &desc, &tensors)?;
+        Ok(Ticket {
+            client: self.client.clone(),
+            id: h.request_id,
+            start_ns,
+            waited: false,
+        })
+    }
+}
+
+impl Ticket {
+    /// The request id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Waits for this request's response.
+    pub fn wait(mut self) -> Result<Response, ClientError> {
+        self.waited = true;
+        let frame = self.client.inner.wait_for(self.id)?;
+        let mut r = into_response(frame)?;
+        r.client_start_ns = self.start_ns;
+        Ok(r)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.waited {
+            self.client.inner.abandon(self.id);
+        }
+    }
+}
+
+impl Inner {
+    /// Sends a control message and waits for its answer.
+    fn roundtrip(&self, mut h: Header, body: &[u8]) -> Result<Frame, ClientError> {
+        h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.send(&h, body, &[])?;
+        self.wait_for(h.request_id)
+    }
+
+    fn send(&self, h: &Header, desc: &[u8], tensors: &[&[u8]]) -> Result<(), ClientError> {
+        match &self.link {
+            Link::Inproc { service, replies } => {
+                let reply = service.call(InprocRequest {
+                    header: *h,
+                    desc,
+                    tensors,
+                });
+                lock(replies).insert(h.request_id, reply);
+                Ok(())
+            }
+            Link::Stream(s) => {
+                {
+                    let mut sh = lock(&s.shared);
+                    if let Some(d) = &sh.dead {
+                        return Err(ClientError::AgentGone(d.clone()));
+                    }
+                    if h.kind == Kind::Request {
+                        if sh.pending.len() >= self.limits.max_in_flight as usize {
+                            return Err(ClientError::TooManyInFlight(self.limits.max_in_flight));
+                        }
+                        sh.pending.insert(h.request_id);
+                    }
+                }
+                let w = lock(&s.writer);
+                let mut drain = || self.read_one_if_free(s);
+                w.send_draining(h, desc, tensors, &mut drain, Some(self.opts.timeout))
+                    .map_err(|e| {
+                        let msg = format!("sending to {} failed: {e}", self.uri);
+                        let mut sh = lock(&s.shared);
+                        sh.dead.get_or_insert(msg.clone());
+                        s.cv.notify_all();
+                        ClientError::AgentGone(msg)
+                    })
+            }
+        }
+    }
+
+    /// Called by a blocked sender when the socket is readable: reads one
+    /// frame unless another thread is already reading.
+    fn read_one_if_free(&self, s: &StreamLink) -> std::io::Result<()> {
+        {
+            let mut sh = lock(&s.shared);
+            if sh.reading {
+                drop(sh);
+                std::thread::sleep(Duration::from_micros(50));
+                return Ok(());
+            }
+            sh.reading = true;
+        }
+        let r = self.read_frame(s);
+        let mut sh = lock(&s.shared);
+        sh.reading = false;
+        match r {
+            Ok(f) => self.stash(&mut sh, f),
+            Err(RecvError::TimedOut) => {}
+            Err(e) => {
+                sh.dead.get_or_insert(e.to_string());
+            }
+        }
+        s.cv.notify_all();
+        Ok(())
+    }
+
+    fn stash(&self, sh: &mut Shared, f: Frame) {
+        let id = f.header.request_id;
+        sh.pending.remove(&id);
+        if !sh.abandoned.remove(&id) {
+            sh.completed.insert(id, f);
+        }
+    }
+
+    fn read_frame(&self, s: &StreamLink) -> Result<Frame, RecvError> {
+        let mut conn = lock(&s.reader);
+        let (header, desc) = conn.recv_head(&self.recv_limits)?;
+        let mut payload = AlignedBuf::zeroed(header.payload_len as usize)?;
+        conn.recv_payload(&mut payload)?;
+        Ok(Frame {
+            header,
+            desc,
+            payload: Payload::Contiguous(payload),
+        })
+    }
+
+    fn wait_for(&self, id: u64) -> Result<Frame, ClientError> {
+        let s = match &self.link {
+            Link::Inproc { replies, .. } => {
+                let r = lock(replies).remove(&id).ok_or_else(|| {
+                    ClientError::Protocol(format!("no in-process reply for request {id}"))
+                })?;
+                return Ok(Frame {
+                    header: r.header,
+                    desc: r.desc,
+                    payload: Payload::PerTensor(r.tensors),
+                });
+            }
+            Link::Stream(s) => s,
+        };
+        let deadline = Instant::now() + self.opts.timeout;
+        let mut sh = lock(&s.shared);
+        loop {
+            if let Some(f) = sh.completed.remove(&id) {
+                return Ok(f);
+            }
+            if let Some(d) = &sh.dead {
+                return Err(ClientError::AgentGone(d.clone()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                if sh.pending.contains(&id) {
+                    sh.abandoned.insert(id);
+                }
+                return Err(ClientError::Timeout(self.opts.timeout));
+            }
+            if sh.reading {
+                sh = s
+                    .cv
+                    .wait_timeout(sh, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
+            }
+            sh.reading = true;
+            drop(sh);
+            let r = self.read_frame(s);
+            sh = lock(&s.shared);
+            sh.reading = false;
+            match r {
+                Ok(f) if f.header.kind == Kind::Error && f.header.request_id == 0 => {
+                    // A session-level error: the agent closes the connection.
+                    let msg = decode_error_body(&f.desc).unwrap_or_default();
+                    sh.dead = Some(format!("agent closed the session ({}): {msg}", f.header.status));
+                }
+                Ok(f) if f.header.request_id == id => {
+                    sh.pending.remove(&id);
+                    // Another waiter may be parked until the reader role is free.
+                    s.cv.notify_all();
+                    return Ok(f);
+                }
+                Ok(f) => self.stash(&mut sh, f),
+                Err(RecvError::TimedOut) => {}
+                Err(RecvError::Closed) => {
+                    sh.dead = Some(format!("{} closed the connection", self.uri));
+                }
+                Err(e) => sh.dead = Some(e.to_string()),
+            }
+            s.cv.notify_all();
+        }
+    }
+
+    fn abandon(&self, id: u64) {
+        match &self.link {
+            Link::Inproc { replies, .. } => {
+                lock(replies).remove(&id);
+            }
+            Link::Stream(s) => {
+                let mut sh = lock(&s.shared);
+                if sh.completed.remove(&id).is_none() && sh.pending.contains(&id) {
+                    sh.abandoned.insert(id);
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Turns an Error frame into the matching error, and checks the kind.
+fn expect_kind(f: &Frame, kind: Kind) -> Result<(), ClientError> {
+    if f.header.kind == Kind::Error {
+        let msg = decode_error_body(&f.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        return Err(ClientError::from_remote(f.header.status, msg));
+    }
+    if f.header.kind != kind {
+        return Err(ClientError::Protocol(format!(
+            "expected {kind:?}, agent sent {:?}",
+            f.header.kind
+        )));
+    }
+    Ok(())
+}
+
+fn into_response(f: Frame) -> Result<Response, ClientError> {
+    expect_kind(&f, Kind::Response)?;
+    let section = decode_tensor_section(&f.header, &f.desc)
+        .map_err(|e| ClientError::Protocol(format!("bad response descriptors: {e}")))?;
+    let outputs = match f.payload {
+        Payload::Contiguous(buf) => {
+            if buf.len() as u64 != f.header.payload_len {
+                return Err(ClientError::Protocol("response payload length mismatch".into()));
+            }
+            let buf = Arc::new(buf);
+            section
+                .tensors
+                .into_iter()
+                .map(|d| {
+                    let r = d.offset as usize..(d.offset + d.len) as usize;
+                    Tensor::new(d.dtype, d.shape, buf.clone(), r)
+                })
+                .collect()
+        }
+        Payload::PerTensor(bufs) => {
+            if bufs.len() != section.tensors.len() {
+                return Err(ClientError::Protocol("in-process reply tensor count mismatch".into()));
+            }
+            section
+                .tensors
+                .into_iter()
+                .zip(bufs)
+                .map(|(d, b)| {
+                    if b.len() as u64 != d.len {
+                        return Err(ClientError::Protocol("in-process tensor length mismatch".into()));
+                    }
+                    let n = b.len();
+                    Ok(Tensor::new(d.dtype, d.shape, Arc::new(b), 0..n))
+                })
+                .collect::<Result<_, _>>()?
+        }
+    };
+    Ok(Response {
+        outputs,
+        timeline: section.timeline,
+        client_start_ns: 0,
+        client_done_ns: monotonic_ns(),
+    })
+}

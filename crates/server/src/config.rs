@@ -1,0 +1,296 @@
+//! Agent configuration: from command-line flags or a TOML file (same settings).
+//!
+//! ```toml
+//! listen = ["unix:///tmp/tensorwire.sock", "tcp://127.0.0.1:7070"]
+//! intra_threads = 2        # ONNX Runtime threads per run
+//! inter_threads = 1
+//!
+//! [[model]]
+//! name = "digits"
+//! path = "models/build/digits_mlp.onnx"
+//! concurrency = 1          # runs of this model at once (default 1)
+//!
+//! [limits]                 # per session; defaults shown
+//! max_tensors = 64
+//! max_in_flight = 256
+//! max_payload = 268435456
+//! max_desc_len = 65536
+//! max_connections = 1024   # agent-wide
+//! stall_timeout_ms = 30000 # a peer silent this long mid-message is dropped
+//! ```
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
+use transport::Endpoint;
+use wire::Limits;
+
+/// A configuration that cannot be used.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A setting is out of range or inconsistent.
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+/// One model to serve.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name clients ask for.
+    pub name: String,
+    /// The ONNX file.
+    pub path: PathBuf,
+    /// How many runs of this model may execute at once.
+    #[serde(default = "one")]
+    pub concurrency: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl ModelConfig {
+    /// Parses `NAME=PATH` (the `--model` flag).
+    pub fn parse_flag(s: &str) -> Result<ModelConfig, ConfigError> {
+        let (name, path) = s.split_once('=').ok_or_else(|| {
+            ConfigError::Invalid(format!("--model takes NAME=PATH.onnx, got '{s}'"))
+        })?;
+        Ok(ModelConfig {
+            name: name.to_string(),
+            path: PathBuf::from(path),
+            concurrency: 1,
+        })
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    max_tensors: Option<u32>,
+    max_in_flight: Option<u32>,
+    max_payload: Option<u64>,
+    max_desc_len: Option<u32>,
+    max_connections: Option<usize>,
+    stall_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    listen: Vec<String>,
+    #[serde(default)]
+    model: Vec<ModelConfig>,
+    intra_threads: Option<usize>,
+    inter_threads: Option<usize>,
+    #[serde(default)]
+    limits: LimitsFile,
+}
+
+/// Everything an agent needs to start.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Endpoints to listen on (`inproc://name` registers an in-process agent).
+    pub listen: Vec<Endpoint>,
+    /// Models to load (the built-in `identity` is always served too).
+    pub models: Vec<ModelConfig>,
+    /// ONNX Runtime intra-op threads per run.
+    pub intra_threads: usize,
+    /// ONNX Runtime inter-op threads.
+    pub inter_threads: usize,
+    /// Per-session limits (the most a client may ask for).
+    pub limits: Limits,
+    /// Most connections open at once, agent-wide.
+    pub max_connections: usize,
+    /// How long a peer may stall in the middle of a message before its
+    /// connection is dropped (also bounds a blocked response write).
+    pub stall_timeout: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            listen: Vec::new(),
+            models: Vec::new(),
+            intra_threads: 2,
+            inter_threads: 1,
+            limits: Limits::default(),
+            max_connections: 1024,
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Reads a TOML file on top of the defaults.
+    pub fn from_file(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut cfg = AgentConfig::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })?;
+        // Model paths in a file are relative to the file.
+        if let Some(dir) = path.parent() {
+            for m in &mut cfg.models {
+                if m.path.is_relative() {
+                    m.path = dir.join(&m.path);
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Parses TOML text on top of the defaults.
+    pub fn from_toml(text: &str) -> Result<AgentConfig, ConfigError> {
+        let f: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<text>"),
+            message: e.to_string(),
+        })?;
+        let mut cfg = AgentConfig::default();
+        for l in &f.listen {
+            cfg.listen.push(parse_endpoint(l)?);
+        }
+        cfg.models = f.model;
+        if let Some(n) = f.intra_threads {
+            cfg.intra_threads = n;
+        }
+        if let Some(n) = f.inter_threads {
+            cfg.inter_threads = n;
+        }
+        let l = &f.limits;
+        let d = &mut cfg.limits;
+        d.max_tensors = l.max_tensors.unwrap_or(d.max_tensors);
+        d.max_in_flight = l.max_in_flight.unwrap_or(d.max_in_flight);
+        d.max_payload = l.max_payload.unwrap_or(d.max_payload);
+        d.max_desc_len = l.max_desc_len.unwrap_or(d.max_desc_len);
+        cfg.max_connections = l.max_connections.unwrap_or(cfg.max_connections);
+        if let Some(ms) = l.stall_timeout_ms {
+            cfg.stall_timeout = Duration::from_millis(ms);
+        }
+        Ok(cfg)
+    }
+
+    /// Checks that every setting is usable; call before starting an agent.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.intra_threads == 0 || self.intra_threads > 256 {
+            return bad(format!("intra_threads must be 1..=256, not {}", self.intra_threads));
+        }
+        if self.inter_threads == 0 || self.inter_threads > 256 {
+            return bad(format!("inter_threads must be 1..=256, not {}", self.inter_threads));
+        }
+        let l = &self.limits;
+        if l.max_tensors == 0 || l.max_tensors > 4096 {
+            return bad(format!("max_tensors must be 1..=4096, not {}", l.max_tensors));
+        }
+        if l.max_in_flight == 0 {
+            return bad("max_in_flight must be at least 1".into());
+        }
+        if l.max_payload > 1 << 40 {
+            return bad(format!("max_payload {} is over 1 TiB", l.max_payload));
+        }
+        if !(256..=16 << 20).contains(&l.max_desc_len) {
+            return bad(format!("max_desc_len must be 256..=16777216, not {}", l.max_desc_len));
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections must be at least 1".into());
+        }
+        if self.stall_timeout.is_zero() {
+            return bad("stall_timeout_ms must be positive".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for m in &self.models {
+            if m.name.is_empty() || m.name.len() > wire::MAX_NAME_LEN {
+                return bad(format!("model name '{}' must be 1..=255 bytes", m.name));
+            }
+            if m.name == engine::IdentityBackend::NAME {
+                return bad("'identity' is built in; choose another model name".into());
+            }
+            if !names.insert(m.name.as_str()) {
+                return bad(format!("model '{}' is listed twice", m.name));
+            }
+            if m.concurrency == 0 || m.concurrency > 64 {
+                return bad(format!(
+                    "model '{}': concurrency must be 1..=64, not {}",
+                    m.name, m.concurrency
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses an endpoint URI into a config error on failure.
+pub fn parse_endpoint(s: &str) -> Result<Endpoint, ConfigError> {
+    Endpoint::parse(s).map_err(|e| ConfigError::Invalid(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_round_trip() {
+        let cfg = AgentConfig::from_toml(
+            r#"
+            listen = ["unix:///tmp/x.sock", "tcp://127.0.0.1:0"]
+            intra_threads = 3
+            [[model]]
+            name = "m"
+            path = "m.onnx"
+            concurrency = 2
+            [limits]
+            max_tensors = 8
+            stall_timeout_ms = 500
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.listen.len(), 2);
+        assert_eq!(cfg.intra_threads, 3);
+        assert_eq!(cfg.models[0].concurrency, 2);
+        assert_eq!(cfg.limits.max_tensors, 8);
+        assert_eq!(cfg.stall_timeout, Duration::from_millis(500));
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_bad_values() {
+        assert!(AgentConfig::from_toml("lisen = []").is_err());
+        assert!(AgentConfig::from_toml("listen = [\"http://x\"]").is_err());
+        let mut cfg = AgentConfig::default();
+        cfg.intra_threads = 0;
+        assert!(cfg.validate().is_err());
+        let mut cfg = AgentConfig::default();
+        cfg.models.push(ModelConfig::parse_flag("identity=x.onnx").unwrap());
+        assert!(cfg.validate().is_err());
+        let mut cfg = AgentConfig::default();
+        cfg.models.push(ModelConfig::parse_flag("a=x.onnx").unwrap());
+        cfg.models.push(ModelConfig::parse_flag("a=y.onnx").unwrap());
+        assert!(cfg.validate().is_err());
+        assert!(ModelConfig::parse_flag("nopath").is_err());
+    }
+}

@@ -1,0 +1,361 @@
+//! [`AgentCore`]: what the agent does with one message, whatever transport
+//! brought it. Socket sessions and in-process callers both go through here,
+//! so validation, errors and timelines are identical on every transport.
+//!
+//! A request is handled in two steps so that nothing is read or allocated
+//! for a request that will be refused: [`AgentCore::prepare`] checks the
+//! descriptors against the limits and the model's signature (the payload is
+//! still unread), then [`AgentCore::execute`] runs the model on views over
+//! the payload wherever it landed.
+
+use crate::registry::{ModelEntry, ModelRegistry};
+use engine::{Output, OutputData, TensorView};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+use wire::{
+    decode_hello, decode_model_name, decode_tensor_section, encode_error_body, encode_hello,
+    encode_model_list, encode_signature, encode_tensor_section, flags, layout_payload, Header,
+    Kind, Limits, Stage, Status, TensorDesc, Timeline,
+};
+
+/// A message to send back: header, descriptor section (or control body),
+/// and, for responses, the outputs whose bytes form the payload.
+#[derive(Debug)]
+pub struct Reply {
+    /// The reply header (desc_len, tensor_count, payload_len filled in).
+    pub header: Header,
+    /// The descriptor section or control body.
+    pub desc: Vec<u8>,
+    /// Output tensors in payload order (empty for control replies).
+    pub outputs: Vec<Output>,
+}
+
+impl Reply {
+    /// A control reply of `kind` with `body`.
+    pub fn control(kind: Kind, request_id: u64, model_id: u32, body: Vec<u8>) -> Reply {
+        let mut header = Header::new(kind);
+        header.request_id = request_id;
+        header.model_id = model_id;
+        header.desc_len = body.len() as u32;
+        Reply {
+            header,
+            desc: body,
+            outputs: Vec::new(),
+        }
+    }
+
+    /// An Error reply.
+    pub fn error(request_id: u64, status: Status, message: &str) -> Reply {
+        let mut r = Reply::control(Kind::Error, request_id, 0, encode_error_body(message));
+        r.header.status = status;
+        r
+    }
+
+    /// The payload slices of this reply, resolving outputs that alias inputs.
+    pub fn payload<'a>(&'a self, inputs: &[TensorView<'a>]) -> Vec<&'a [u8]> {
+        self.outputs.iter().map(|o| o.bytes(inputs)).collect()
+    }
+}
+
+/// A request that passed every check that does not need its payload.
+#[derive(Debug)]
+pub struct Prepared<'a> {
+    /// The model it is for.
+    pub model: &'a ModelEntry,
+    /// Its tensors, validated.
+    pub tensors: Vec<TensorDesc>,
+    /// Its id.
+    pub request_id: u64,
+    /// Whether the client asked for the timeline.
+    pub want_timeline: bool,
+    _in_flight: InFlight<'a>,
+}
+
+impl<'a> Prepared<'a> {
+    /// Views over a contiguous payload laid out as the descriptors say
+    /// (bounds were checked against `payload_len` in `prepare`).
+    pub fn views<'p>(&'p self, payload: &'p [u8]) -> Vec<TensorView<'p>> {
+        self.tensors
+            .iter()
+            .map(|d| {
+                let start = d.offset as usize;
+                let end = start + d.len as usize;
+                TensorView::new(d.dtype, &d.shape, payload.get(start..end).unwrap_or(&[]))
+            })
+            .collect()
+    }
+}
+
+/// Counts a request as in flight until dropped (after its reply is sent).
+#[derive(Debug)]
+struct InFlight<'a>(&'a AgentCore);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.0.closing.load(Ordering::Acquire)
+        {
+            let _g = self.0.drain_lock.lock();
+            self.0.drain_cv.notify_all();
+        }
+    }
+}
+
+/// Agent-wide counters.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests that got a response.
+    pub responses: AtomicU64,
+    /// Messages answered with an Error.
+    pub errors: AtomicU64,
+}
+
+/// The agent's shared state: models, limits, shutdown flag, counters.
+#[derive(Debug)]
+pub struct AgentCore {
+    /// Every model.
+    pub registry: ModelRegistry,
+    /// The most any session may use.
+    pub limits: Limits,
+    /// Counters.
+    pub counters: Counters,
+    closing: AtomicBool,
+    in_flight: AtomicUsize,
+    drain_lock: Mutex<()>,
+    drain_cv: Condvar,
+}
+
+impl AgentCore {
+    /// A core serving `registry` under `limits`.
+    pub fn new(registry: ModelRegistry, limits: Limits) -> AgentCore {
+        AgentCore {
+            registry,
+            limits,
+            counters: Counters::default(),
+            closing: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            drain_lock: Mutex::new(()),
+            drain_cv: Condvar::new(),
+        }
+    }
+
+    /// True once shutdown began: new requests are refused.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Refuses new requests from now on, then waits up to `grace` for those
+    /// in flight to finish. Returns how many were still running at the end.
+    pub fn close_and_drain(&self, grace: Duration) -> usize {
+        self.closing.store(true, Ordering::Release);
+        let deadline = Instant::now() + grace;
+        let mut g = self.drain_lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let n = self.in_flight.load(Ordering::Acquire);
+            let now = Instant::now();
+            if n == 0 || now >= deadline {
+                return n;
+            }
+            g = self
+                .drain_cv
+                .wait_timeout(g, (deadline - now).min(Duration::from_millis(50)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Requests currently between `prepare` and their reply.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Answers a Hello: the limits in force for the session and the HelloAck.
+    pub fn hello(&self, h: &Header, body: &[u8]) -> Result<(Limits, Reply), Reply> {
+        if h.kind != Kind::Hello {
+            return Err(self.fail(Reply::error(
+                h.request_id,
+                Status::UnknownKind,
+                &format!("the first message of a session must be Hello, not {:?}", h.kind),
+            )));
+        }
+        let asked = decode_hello(body)
+            .map_err(|e| self.fail(Reply::error(h.request_id, e.status(), &e.to_string())))?;
+        let limits = self.limits.narrowed_by(&asked);
+        Ok((limits, Reply::control(Kind::HelloAck, h.request_id, 0, encode_hello(&limits))))
+    }
+
+    /// Answers a control message (anything but Hello and Request).
+    pub fn control(&self, h: &Header, body: &[u8]) -> Reply {
+        match h.kind {
+            Kind::Ping => Reply::control(Kind::Pong, h.request_id, 0, Vec::new()),
+            Kind::ModelQuery => match decode_model_name(body) {
+                Err(e) => self.fail(Reply::error(h.request_id, e.status(), &e.to_string())),
+                Ok(name) => match self.registry.find(name) {
+                    None => self.fail(Reply::error(
+                        h.request_id,
+                        Status::UnknownModel,
+                        &format!("no model named '{name}' (see `tensorwire models`)"),
+                    )),
+                    Some(m) => {
+                        let mut b = Vec::new();
+                        encode_signature(m.signature(), &mut b);
+                        Reply::control(Kind::ModelInfo, h.request_id, m.id, b)
+                    }
+                },
+            },
+            Kind::ListModels => {
+                let list: Vec<_> = self
+                    .registry
+                    .iter()
+                    .map(|m| (m.id, m.signature().clone()))
+                    .collect();
+                Reply::control(Kind::ModelList, h.request_id, 0, encode_model_list(&list))
+            }
+            Kind::Hello => self.fail(Reply::error(
+                h.request_id,
+                Status::UnknownKind,
+                "Hello was already exchanged on this session",
+            )),
+            other => self.fail(Reply::error(
+                h.request_id,
+                Status::UnknownKind,
+                &format!("{other:?} is not a message a client sends"),
+            )),
+        }
+    }
+
+    /// Checks a request before its payload is read: shutdown, model id,
+    /// descriptors, and the tensors against the model's signature.
+    pub fn prepare(&self, h: &Header, desc: &[u8]) -> Result<Prepared<'_>, Reply> {
+        let id = h.request_id;
+        if self.is_closing() {
+            return Err(self.fail(Reply::error(
+                id,
+                Status::ShuttingDown,
+                "the agent is shutting down and accepts no new requests",
+            )));
+        }
+        let model = self.registry.get(h.model_id).ok_or_else(|| {
+            self.fail(Reply::error(
+                id,
+                Status::UnknownModel,
+                &format!("no model has id {} (resolve names with ModelQuery)", h.model_id),
+            ))
+        })?;
+        let section = decode_tensor_section(h, desc)
+            .map_err(|e| self.fail(Reply::error(id, e.status(), &e.to_string())))?;
+        let metas: Vec<(wire::DType, &[u64])> =
+            section.tensors.iter().map(|t| (t.dtype, t.shape.as_slice())).collect();
+        model
+            .backend
+            .check_inputs(&metas)
+            .map_err(|e| self.fail(Reply::error(id, Status::InvalidInput, &e.to_string())))?;
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Ok(Prepared {
+            model,
+            tensors: section.tensors,
+            request_id: id,
+            want_timeline: h.flags & flags::WANT_TIMELINE != 0,
+            _in_flight: InFlight(self),
+        })
+    }
+
+    /// Runs a prepared request on `inputs` through its model's queue and
+    /// builds the response (or the error).
+    pub fn execute(&self, p: &Prepared<'_>, inputs: &[TensorView<'_>], tl: &mut Timeline) -> Reply {
+        let backend = &p.model.backend;
+        let result = p.model.queue.run(tl, || {
+            std::panic::catch_unwind(AssertUnwindSafe(|| backend.run(inputs)))
+        });
+        let outputs = match result {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => {
+                let status = match e {
+                    engine::EngineError::InvalidInput(_) => Status::InvalidInput,
+                    _ => Status::EngineError,
+                };
+                return self.fail(Reply::error(p.request_id, status, &e.to_string()));
+            }
+            Err(_) => {
+                return self.fail(Reply::error(
+                    p.request_id,
+                    Status::Internal,
+                    &format!("model '{}' panicked", p.model.signature().name),
+                ))
+            }
+        };
+        match self.response(p, outputs, inputs, tl) {
+            Ok(r) => {
+                self.counters.responses.fetch_add(1, Ordering::Relaxed);
+                r
+            }
+            Err(msg) => self.fail(Reply::error(p.request_id, Status::Internal, &msg)),
+        }
+    }
+
+    fn response(
+        &self,
+        p: &Prepared<'_>,
+        outputs: Vec<Output>,
+        inputs: &[TensorView<'_>],
+        tl: &mut Timeline,
+    ) -> Result<Reply, String> {
+        let mut lens = Vec::with_capacity(outputs.len());
+        for (i, o) in outputs.iter().enumerate() {
+            let have = o.bytes(inputs).len() as u64;
+            if let OutputData::Input(n) = o.data {
+                if n >= inputs.len() {
+                    return Err(format!("output {i} aliases missing input {n}"));
+                }
+            }
+            let want = TensorDesc::byte_len(o.dtype, &o.shape);
+            if want != Some(have) {
+                return Err(format!(
+                    "engine produced output {i} of {have} bytes for {}{:?}",
+                    o.dtype, o.shape
+                ));
+            }
+            lens.push(have);
+        }
+        let (offsets, payload_len) =
+            layout_payload(lens.iter().copied()).ok_or("output layout overflows")?;
+        let descs: Vec<TensorDesc> = outputs
+            .iter()
+            .zip(offsets)
+            .zip(&lens)
+            .map(|((o, offset), &len)| TensorDesc {
+                dtype: o.dtype,
+                shape: o.shape.clone(),
+                offset,
+                len,
+            })
+            .collect();
+        let mut header = Header::new(Kind::Response);
+        header.request_id = p.request_id;
+        header.model_id = p.model.id;
+        header.tensor_count = descs.len() as u32;
+        header.payload_len = payload_len;
+        let mut desc = Vec::with_capacity(descs.iter().map(|d| d.encoded_len()).sum::<usize>() + 64);
+        if p.want_timeline {
+            header.flags |= flags::HAS_TIMELINE;
+            tl.stamp(Stage::ResponseSent);
+            encode_tensor_section(&descs, Some(tl), &mut desc);
+        } else {
+            encode_tensor_section(&descs, None, &mut desc);
+        }
+        header.desc_len = desc.len() as u32;
+        Ok(Reply {
+            header,
+            desc,
+            outputs,
+        })
+    }
+
+    /// Counts an error reply and passes it through.
+    pub fn fail(&self, r: Reply) -> Reply {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+}
