@@ -18,7 +18,7 @@ use transport::{Endpoint, RecvError, StreamConn, StreamWriter};
 use wire::{
     decode_error_body, decode_hello, decode_model_list, decode_signature, decode_tensor_section,
     encode_hello, encode_model_name, encode_tensor_section, flags, layout_payload, monotonic_ns,
-    AlignedBuf, Header, Kind, Limits, ModelSignature, TensorDesc, Timeline,
+    BufPool, Header, Kind, Limits, ModelSignature, PooledBuf, TensorDesc, Timeline,
 };
 
 /// How a client connects and waits.
@@ -61,8 +61,8 @@ struct Frame {
 }
 
 enum Payload {
-    Contiguous(AlignedBuf),
-    PerTensor(Vec<AlignedBuf>),
+    Contiguous(PooledBuf),
+    PerTensor(Vec<PooledBuf>),
 }
 
 /// A model's outputs, with the agent's timeline when asked for.
@@ -118,6 +118,8 @@ struct Inner {
     limits: Limits,
     recv_limits: Limits,
     next_id: AtomicU64,
+    /// Recycled response buffers: a dropped response gives its buffer back.
+    pool: Arc<BufPool>,
 }
 
 /// A session with an agent. Cheap to clone; clones share the connection.
@@ -201,6 +203,7 @@ impl Client {
             opts,
             limits: Limits::default(),
             next_id: AtomicU64::new(1),
+            pool: BufPool::new(256 << 20, 8),
         };
         let hello = encode_hello(&inner.opts.limits);
         let mut h = Header::new(Kind::Hello);
@@ -474,7 +477,7 @@ impl Inner {
     fn read_frame(&self, s: &StreamLink) -> Result<Frame, RecvError> {
         let mut conn = lock(&s.reader);
         let (header, desc) = conn.recv_head(&self.recv_limits)?;
-        let mut payload = AlignedBuf::zeroed(header.payload_len as usize)?;
+        let mut payload = self.pool.take(header.payload_len as usize)?;
         conn.recv_payload(&mut payload)?;
         Ok(Frame {
             header,

@@ -4,7 +4,7 @@
 use crate::error::ClientError;
 use std::ops::Range;
 use std::sync::Arc;
-use wire::{AlignedBuf, DType, TensorDesc};
+use wire::{DType, PooledBuf, TensorDesc};
 
 /// Rust element types with a tensorwire dtype.
 pub trait Element: bytemuck::Pod {
@@ -58,12 +58,12 @@ pub struct Tensor {
     pub dtype: DType,
     /// Dimensions.
     pub shape: Vec<u64>,
-    buf: Arc<AlignedBuf>,
+    buf: Arc<PooledBuf>,
     range: Range<usize>,
 }
 
 impl Tensor {
-    pub(crate) fn new(dtype: DType, shape: Vec<u64>, buf: Arc<AlignedBuf>, range: Range<usize>) -> Tensor {
+    pub(crate) fn new(dtype: DType, shape: Vec<u64>, buf: Arc<PooledBuf>, range: Range<usize>) -> Tensor {
         Tensor { dtype, shape, buf, range }
     }
 
@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn typed_access() {
-        let buf = Arc::new(AlignedBuf::copy_from(bytemuck::cast_slice(&[1f32, 2.0])).unwrap());
+        let buf = Arc::new(wire::AlignedBuf::copy_from(bytemuck::cast_slice(&[1f32, 2.0])).unwrap().into());
         let t = Tensor::new(DType::F32, vec![2], buf, 0..8);
         assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
         assert!(t.as_slice::<i32>().is_err());

@@ -19,6 +19,13 @@ use wire::{
     encode_model_list, encode_signature, encode_tensor_section, flags, layout_payload, Header,
     Kind, Limits, Stage, Status, TensorDesc, Timeline,
 };
+use wire::BufPool;
+use std::sync::Arc;
+
+/// Bytes of large payload buffers the agent keeps for reuse.
+const POOL_BYTES: usize = 512 << 20;
+/// Most large payload buffers the agent keeps for reuse.
+const POOL_BUFS: usize = 32;
 
 /// A message to send back: header, descriptor section (or control body),
 /// and, for responses, the outputs whose bytes form the payload.
@@ -121,6 +128,8 @@ pub struct AgentCore {
     pub limits: Limits,
     /// Counters.
     pub counters: Counters,
+    /// Recycled payload buffers (request payloads, in-process outputs).
+    pub pool: Arc<BufPool>,
     closing: AtomicBool,
     in_flight: AtomicUsize,
     drain_lock: Mutex<()>,
@@ -134,6 +143,7 @@ impl AgentCore {
             registry,
             limits,
             counters: Counters::default(),
+            pool: BufPool::new(POOL_BYTES, POOL_BUFS),
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             drain_lock: Mutex::new(()),

@@ -8,7 +8,7 @@ use crate::dispatch::{AgentCore, Reply};
 use engine::{OutputData, TensorView};
 use std::sync::Arc;
 use transport::inproc::{InprocReply, InprocRequest, InprocService};
-use wire::{AlignedBuf, Kind, Stage, Status, Timeline};
+use wire::{Kind, Stage, Status, Timeline};
 
 /// Adapts an [`AgentCore`] to the in-process transport.
 pub struct InprocAgent(pub Arc<AgentCore>);
@@ -24,7 +24,7 @@ impl InprocService for InprocAgent {
             },
             Kind::Request => {
                 if let Err(e) = h.check_limits(&core.limits) {
-                    return owned(core.fail(Reply::error(h.request_id, e.status(), &e.to_string())), &[]);
+                    return owned(core, core.fail(Reply::error(h.request_id, e.status(), &e.to_string())), &[]);
                 }
                 let mut tl = Timeline::default();
                 tl.stamp(Stage::Received);
@@ -35,6 +35,7 @@ impl InprocService for InprocAgent {
                             || prep.tensors.iter().zip(req.tensors).any(|(d, t)| d.len != t.len() as u64)
                         {
                             return owned(
+                                core,
                                 core.fail(Reply::error(
                                     h.request_id,
                                     Status::Malformed,
@@ -51,28 +52,32 @@ impl InprocService for InprocAgent {
                             .map(|(d, t)| TensorView::new(d.dtype, &d.shape, t))
                             .collect();
                         let r = core.execute(&prep, &views, &mut tl);
-                        return owned(r, &views);
+                        return owned(core, r, &views);
                     }
                 }
             }
             _ => core.control(&h, req.desc),
         };
-        owned(reply, &[])
+        owned(core, reply, &[])
     }
 }
 
 /// Converts a reply into one that owns its output bytes.
-fn owned(reply: Reply, inputs: &[TensorView<'_>]) -> InprocReply {
+fn owned(core: &AgentCore, reply: Reply, inputs: &[TensorView<'_>]) -> InprocReply {
     let mut tensors = Vec::with_capacity(reply.outputs.len());
     for o in reply.outputs {
         tensors.push(match o.data {
-            OutputData::Owned(b) => b,
+            OutputData::Owned(b) => b.into(),
             OutputData::Input(i) => {
                 let src = inputs.get(i).map_or(&[][..], |t| t.data);
-                match AlignedBuf::copy_from(src) {
-                    Ok(b) => b,
+                match core.pool.take(src.len()) {
+                    Ok(mut b) => {
+                        b.copy_from_slice(src);
+                        b
+                    }
                     Err(e) => {
                         return owned(
+                            core,
                             Reply::error(
                                 reply.header.request_id,
                                 Status::Internal,

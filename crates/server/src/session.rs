@@ -12,7 +12,7 @@ use crate::dispatch::{AgentCore, Reply};
 use engine::TensorView;
 use std::sync::Arc;
 use transport::{RecvError, StreamConn};
-use wire::{AlignedBuf, Kind, Stage, Status, Timeline};
+use wire::{Kind, Stage, Status, Timeline};
 
 /// Serves `conn` until the peer hangs up, breaks the protocol, or the agent
 /// shuts the socket down.
@@ -38,7 +38,7 @@ pub fn serve(core: Arc<AgentCore>, mut conn: StreamConn) {
             match core.prepare(&h, &desc) {
                 Err(reply) => conn.skip_payload(h.payload_len).is_ok() && send(&conn, &reply, &[]),
                 Ok(prep) => {
-                    let mut buf = match AlignedBuf::zeroed(h.payload_len as usize) {
+                    let mut buf = match core.pool.take(h.payload_len as usize) {
                         Ok(b) => b,
                         Err(e) => {
                             let r = Reply::error(

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use wire::{AlignedBuf, Header};
+use wire::{Header, PooledBuf};
 
 /// One message handed to an in-process service.
 #[derive(Debug)]
@@ -30,7 +30,7 @@ pub struct InprocReply {
     /// The reply's descriptor section.
     pub desc: Vec<u8>,
     /// Output tensors, one per descriptor, each in its own buffer.
-    pub tensors: Vec<AlignedBuf>,
+    pub tensors: Vec<PooledBuf>,
 }
 
 /// Something that answers in-process messages (the agent implements it).
@@ -85,7 +85,7 @@ pub fn lookup(name: &str) -> Option<Arc<dyn InprocService>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wire::Kind;
+    use wire::{AlignedBuf, Kind};
 
     struct Echo;
     impl InprocService for Echo {
@@ -93,7 +93,11 @@ mod tests {
             InprocReply {
                 header: req.header,
                 desc: req.desc.to_vec(),
-                tensors: req.tensors.iter().map(|t| AlignedBuf::copy_from(t).unwrap()).collect(),
+                tensors: req
+                    .tensors
+                    .iter()
+                    .map(|t| AlignedBuf::copy_from(t).unwrap().into())
+                    .collect(),
             }
         }
     }

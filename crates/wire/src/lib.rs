@@ -18,12 +18,13 @@ mod buf;
 mod control;
 mod dtype;
 mod error;
+mod fuzzing;
 mod header;
 mod limits;
 mod tensor;
 mod timeline;
 
-pub use buf::AlignedBuf;
+pub use buf::{AlignedBuf, BufPool, PooledBuf};
 pub use control::{
     decode_error_body, decode_hello, decode_model_list, decode_model_name, decode_signature,
     encode_error_body, encode_hello, encode_model_list, encode_model_name, encode_signature,
@@ -31,6 +32,7 @@ pub use control::{
 };
 pub use dtype::DType;
 pub use error::{Status, WireError};
+pub use fuzzing::fuzz_decode;
 pub use header::{flags, Header, Kind, HEADER_LEN, MAGIC, VERSION};
 pub use limits::Limits;
 pub use tensor::{

@@ -1,7 +1,9 @@
-//! `tensorwire ping`: round trips through the identity model, or over a bare
-//! socket pair (`--raw`) as the floor to compare against in the same run.
+//! `tensorwire ping`: round trips through the identity model (or any model,
+//! with `--model`), over a bare socket pair (`--raw`) as the floor to compare
+//! against in the same run, or through no transport at all (`--connect
+//! local`: the engine called directly, the baseline of the RPC tax).
 
-use super::{connect, CmdError, DEFAULT_CONNECT};
+use super::{connect, parse_models, CmdError, DEFAULT_CONNECT};
 use client::TensorRef;
 use std::process::Command;
 use std::time::Instant;
@@ -12,9 +14,17 @@ use wire::{AlignedBuf, DType, DESC_FIXED_LEN, HEADER_LEN};
 /// Arguments of `ping`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The agent to ping (ignored with --raw).
+    /// The agent to ping (ignored with --raw). `local` calls the engine
+    /// directly in this process, with no transport at all.
     #[arg(long, default_value = DEFAULT_CONNECT)]
     connect: String,
+    /// The model to call (default: the built-in identity model). Other models
+    /// get seeded random inputs shaped by their signature (dynamic dims = 1).
+    #[arg(long, default_value = "identity")]
+    model: String,
+    /// For the embedded agent (inproc://) and `local`: models to load, NAME=PATH.onnx.
+    #[arg(long = "load", value_name = "NAME=PATH")]
+    load: Vec<String>,
     /// Measure a bare socket pair instead (no tensorwire code): unix or tcp.
     #[arg(long, value_name = "unix|tcp")]
     raw: Option<String>,
@@ -110,44 +120,108 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             if a.split_writes || !nodelay {
                 return Err("--split-writes and --nodelay apply to --raw; for tensorwire use tcp://host:port?nodelay=0".into());
             }
-            (a.connect.clone(), ping_tensorwire(&a)?)
+            let samples = if a.connect == "local" {
+                ping_local(&a)?
+            } else {
+                ping_tensorwire(&a)?
+            };
+            (a.connect.clone(), samples)
         }
     };
     let s = summarize(&samples).ok_or("no samples")?;
     print_summary(&target, &a, &s)
 }
 
+/// Inputs for one request: identity gets one u8 tensor of `--size` bytes
+/// (none for 0); other models get seeded random tensors from their signature.
+fn make_inputs(a: &Args, sig: &wire::ModelSignature) -> Result<Vec<(DType, Vec<u64>, AlignedBuf)>, CmdError> {
+    if sig.inputs.is_empty() {
+        if a.size == 0 {
+            return Ok(Vec::new());
+        }
+        let mut data = AlignedBuf::zeroed(usize::try_from(a.size)?)?;
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        return Ok(vec![(DType::U8, vec![a.size], data)]);
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut out = Vec::new();
+    for spec in &sig.inputs {
+        let shape: Vec<u64> = spec.shape.iter().map(|d| d.unwrap_or(1)).collect();
+        let len = wire::TensorDesc::byte_len(spec.dtype, &shape).ok_or("input shape overflows")?;
+        let mut data = AlignedBuf::zeroed(usize::try_from(len)?)?;
+        // Floats get values in [-1, 1); integers stay 0 (a valid index or id
+        // for any model that takes them).
+        if spec.dtype == DType::F32 {
+            for c in data.chunks_exact_mut(4) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let v = (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        out.push((spec.dtype, shape, data));
+    }
+    Ok(out)
+}
+
 fn ping_tensorwire(a: &Args) -> Result<Vec<u64>, CmdError> {
-    let c = connect(&a.connect, &[], Default::default())?;
-    let model = c.client.model(engine::IdentityBackend::NAME)?;
-    let mut data = AlignedBuf::zeroed(usize::try_from(a.size)?)?;
-    for (i, b) in data.iter_mut().enumerate() {
-        *b = i as u8;
-    }
-    let shape = [a.size];
-    let tensors: Vec<TensorRef<'_>> = if a.size == 0 {
-        Vec::new()
-    } else {
-        vec![TensorRef::new(DType::U8, &shape, &data)?]
-    };
-    // Check once that the agent echoes what it was sent.
+    let c = connect(&a.connect, &parse_models(&a.load)?, Default::default())?;
+    let model = c.client.model(&a.model)?;
+    let inputs = make_inputs(a, model.signature())?;
+    let tensors: Vec<TensorRef<'_>> = inputs
+        .iter()
+        .map(|(d, s, b)| TensorRef::new(*d, s, b))
+        .collect::<Result<_, _>>()?;
     let first = model.infer(&tensors)?;
-    let echoed_ok = match (first.outputs.first(), tensors.first()) {
-        (None, None) => true,
-        (Some(o), Some(t)) => o.bytes() == t.data,
-        _ => false,
-    };
-    if !echoed_ok {
-        return Err("the identity model did not return the tensor it was sent".into());
+    if model.signature().inputs.is_empty() {
+        // Check once that the identity model echoes what it was sent.
+        let same = first.outputs.len() == tensors.len()
+            && first.outputs.iter().zip(&tensors).all(|(o, t)| o.bytes() == t.data);
+        if !same {
+            return Err("the identity model did not return the tensors it was sent".into());
+        }
     }
+    time_loop(a, || {
+        let r = model.infer(&tensors)?;
+        if r.outputs.len() != first.outputs.len() {
+            return Err("the model returned a different number of outputs".into());
+        }
+        Ok(())
+    })
+}
+
+/// The engine called directly: no agent, no transport, no copies.
+fn ping_local(a: &Args) -> Result<Vec<u64>, CmdError> {
+    let backend: Box<dyn engine::Backend> = if a.model == engine::IdentityBackend::NAME {
+        Box::new(engine::IdentityBackend::new())
+    } else {
+        let m = parse_models(&a.load)?
+            .into_iter()
+            .find(|m| m.name == a.model)
+            .ok_or_else(|| format!("--connect local needs --load {}=PATH.onnx", a.model))?;
+        Box::new(engine::OrtBackend::load(&m.name, &m.path, &engine::OrtOptions::default())?)
+    };
+    let inputs = make_inputs(a, backend.signature())?;
+    let views: Vec<engine::TensorView<'_>> = inputs
+        .iter()
+        .map(|(d, s, b)| engine::TensorView::new(*d, s, b))
+        .collect();
+    time_loop(a, || {
+        backend.run(&views)?;
+        Ok(())
+    })
+}
+
+/// Runs `warmup + iterations` calls of `call`, timing the last `iterations`.
+fn time_loop(a: &Args, mut call: impl FnMut() -> Result<(), CmdError>) -> Result<Vec<u64>, CmdError> {
     let mut samples = Vec::with_capacity(a.iterations);
     for i in 0..a.warmup + a.iterations {
         let t = Instant::now();
-        let r = model.infer(&tensors)?;
+        call()?;
         let ns = t.elapsed().as_nanos() as u64;
-        if r.outputs.len() != tensors.len() {
-            return Err("the identity model returned the wrong number of tensors".into());
-        }
         if i >= a.warmup {
             samples.push(ns);
         }
@@ -160,6 +234,7 @@ fn print_summary(target: &str, a: &Args, s: &Summary) -> Result<(), CmdError> {
         let mut v = serde_json::to_value(s)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("target".into(), target.into());
+            o.insert("model".into(), a.model.clone().into());
             o.insert("size_bytes".into(), a.size.into());
             o.insert("message_bytes".into(), request_bytes(a.size).into());
             o.insert("warmup".into(), a.warmup.into());
@@ -167,7 +242,8 @@ fn print_summary(target: &str, a: &Args, s: &Summary) -> Result<(), CmdError> {
         println!("{v}");
     } else {
         println!(
-            "{target}: {} round trips of {} B (tensor {} B), warm-up {}: min {:.2} p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} mean {:.2} µs",
+            "{target} [{}]: {} round trips of {} B (tensor {} B), warm-up {}: min {:.2} p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} mean {:.2} µs",
+            if a.raw.is_some() { "no framework" } else { a.model.as_str() },
             s.count,
             request_bytes(a.size),
             a.size,
