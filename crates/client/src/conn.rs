@@ -104,7 +104,7 @@ struct StreamLink {
 }
 
 enum Link {
-    Stream(StreamLink),
+    Stream(Box<StreamLink>),
     Inproc {
         service: Arc<dyn InprocService>,
         replies: Mutex<HashMap<u64, InprocReply>>,
@@ -177,7 +177,7 @@ impl Client {
                 let gone = |e: std::io::Error| ClientError::AgentGone(e.to_string());
                 conn.set_read_timeout(Some(opts.timeout)).map_err(gone)?;
                 conn.set_write_timeout(Some(opts.timeout)).map_err(gone)?;
-                Link::Stream(StreamLink {
+                Link::Stream(Box::new(StreamLink {
                     writer: Mutex::new(conn.writer().map_err(gone)?),
                     reader: Mutex::new(conn),
                     shared: Mutex::new(Shared {
@@ -188,7 +188,7 @@ impl Client {
                         pending: HashSet::new(),
                     }),
                     cv: Condvar::new(),
-                })
+                }))
             }
         };
         let mut inner = Inner {

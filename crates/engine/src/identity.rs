@@ -44,6 +44,10 @@ impl Backend for IdentityBackend {
         Ok(())
     }
 
+    fn output_shapes(&self, inputs: &[(DType, &[u64])]) -> Option<Vec<Vec<u64>>> {
+        Some(inputs.iter().map(|(_, shape)| shape.to_vec()).collect())
+    }
+
     fn run(&self, inputs: &[TensorView<'_>]) -> Result<Vec<Output>, EngineError> {
         Ok(inputs
             .iter()
@@ -54,5 +58,61 @@ impl Backend for IdentityBackend {
                 data: OutputData::Input(i),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_alias_inputs_without_copying() {
+        let a = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        let b = [9u8; 3];
+        let inputs = [
+            TensorView::new(DType::F32, &[2], &a),
+            TensorView::new(DType::U8, &[3, 1], &b),
+        ];
+        let backend = IdentityBackend::new();
+        assert_eq!(backend.signature().name, "identity");
+        backend
+            .check_inputs(&[(DType::F32, &[2]), (DType::Bool, &[1, 2, 3])])
+            .expect("identity accepts anything");
+        let outputs = backend.run(&inputs).expect("identity cannot fail");
+        assert_eq!(outputs.len(), 2);
+        for (i, (out, input)) in outputs.iter().zip(&inputs).enumerate() {
+            assert!(matches!(out.data, OutputData::Input(n) if n == i));
+            assert_eq!(out.dtype, input.dtype);
+            assert_eq!(out.shape, input.shape);
+            // Same memory, not an equal copy.
+            assert_eq!(out.bytes(&inputs).as_ptr(), input.data.as_ptr());
+            assert_eq!(out.bytes(&inputs).len(), input.data.len());
+        }
+        assert!(backend.run(&[]).expect("no inputs is fine").is_empty());
+    }
+
+    #[test]
+    fn run_into_copies_into_caller_buffers() {
+        let a = [1u8, 2, 3, 4];
+        let inputs = [TensorView::new(DType::U16, &[2], &a)];
+        let backend = IdentityBackend::new();
+        assert_eq!(
+            backend.output_shapes(&[(DType::U16, &[2])]),
+            Some(vec![vec![2]])
+        );
+        let mut dst = [0u8; 4];
+        backend
+            .run_into(&inputs, &mut [&mut dst[..]])
+            .expect("fits");
+        assert_eq!(dst, a);
+        let mut short = [0u8; 3];
+        assert!(matches!(
+            backend.run_into(&inputs, &mut [&mut short[..]]),
+            Err(EngineError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            backend.run_into(&inputs, &mut []),
+            Err(EngineError::InvalidInput(_))
+        ));
     }
 }

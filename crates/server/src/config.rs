@@ -281,8 +281,10 @@ mod tests {
     fn rejects_unknown_keys_and_bad_values() {
         assert!(AgentConfig::from_toml("lisen = []").is_err());
         assert!(AgentConfig::from_toml("listen = [\"http://x\"]").is_err());
-        let mut cfg = AgentConfig::default();
-        cfg.intra_threads = 0;
+        let cfg = AgentConfig {
+            intra_threads: 0,
+            ..AgentConfig::default()
+        };
         assert!(cfg.validate().is_err());
         let mut cfg = AgentConfig::default();
         cfg.models.push(ModelConfig::parse_flag("identity=x.onnx").unwrap());

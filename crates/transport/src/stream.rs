@@ -474,7 +474,7 @@ mod tests {
         h.payload_len = u64::MAX;
         a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
         // Write a header claiming a huge payload, and nothing else.
-        rustix::io::write(&a.sock.fd(), &h.encode()).unwrap();
+        rustix::io::write(a.sock.fd(), &h.encode()).unwrap();
         assert!(b.recv_head(&Limits::default()).is_ok());
         match b.recv_head(&Limits::default()) {
             Err(RecvError::Wire(e)) => assert!(e.to_string().contains("payload length")),
@@ -488,7 +488,7 @@ mod tests {
         drop(a);
         assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Closed)));
         let (a, mut b) = pair();
-        rustix::io::write(&a.sock.fd(), &Header::new(Kind::Ping).encode()[..10]).unwrap();
+        rustix::io::write(a.sock.fd(), &Header::new(Kind::Ping).encode()[..10]).unwrap();
         drop(a);
         assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Io(_))));
     }

@@ -48,7 +48,10 @@ pub fn encode_hello(l: &Limits) -> Vec<u8> {
 /// Decodes a Hello/HelloAck body (exactly 32 bytes).
 pub fn decode_hello(b: &[u8]) -> Result<Limits, WireError> {
     if b.len() != 32 {
-        return Err(WireError::malformed(format!("hello body is {} bytes, not 32", b.len())));
+        return Err(WireError::malformed(format!(
+            "hello body is {} bytes, not 32",
+            b.len()
+        )));
     }
     if b[20..].iter().any(|&x| x != 0) {
         return Err(WireError::malformed("hello reserved bytes not zero"));
@@ -113,7 +116,10 @@ impl TensorSpec {
     pub fn accepts(&self, dtype: DType, shape: &[u64]) -> bool {
         dtype == self.dtype
             && shape.len() == self.shape.len()
-            && shape.iter().zip(&self.shape).all(|(&d, s)| s.is_none_or(|s| s == d))
+            && shape
+                .iter()
+                .zip(&self.shape)
+                .all(|(&d, s)| s.is_none_or(|s| s == d))
     }
 
     /// The shape as text, `?` for dynamic dims: `float32[?, 3, 224, 224]`.
@@ -191,7 +197,9 @@ pub fn decode_model_list(b: &[u8]) -> Result<Vec<(u32, ModelSignature)>, WireErr
     let count = r.u32()? as usize;
     // Every entry needs at least 10 bytes: refuse counts the body cannot hold.
     if count.saturating_mul(10) > b.len() {
-        return Err(WireError::malformed(format!("model list claims {count} models")));
+        return Err(WireError::malformed(format!(
+            "model list claims {count} models"
+        )));
     }
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
@@ -243,7 +251,9 @@ impl<'a> Reader<'a> {
     fn name(&mut self) -> Result<String, WireError> {
         let n = self.u16()? as usize;
         if n > MAX_NAME_LEN {
-            return Err(WireError::malformed(format!("name of {n} bytes, at most {MAX_NAME_LEN}")));
+            return Err(WireError::malformed(format!(
+                "name of {n} bytes, at most {MAX_NAME_LEN}"
+            )));
         }
         let s = self.take(n, "name")?;
         String::from_utf8(s.to_vec()).map_err(|_| WireError::malformed("name is not UTF-8"))
@@ -254,7 +264,9 @@ impl<'a> Reader<'a> {
         let dtype = DType::from_code(self.u8()?)?;
         let ndim = self.u8()? as usize;
         if ndim > MAX_DIMS {
-            return Err(WireError::malformed(format!("{ndim} dims, at most {MAX_DIMS}")));
+            return Err(WireError::malformed(format!(
+                "{ndim} dims, at most {MAX_DIMS}"
+            )));
         }
         let mut shape = Vec::with_capacity(ndim);
         for _ in 0..ndim {
@@ -277,7 +289,11 @@ impl<'a> Reader<'a> {
         }
         let inputs = (0..n_in).map(|_| self.spec()).collect::<Result<_, _>>()?;
         let outputs = (0..n_out).map(|_| self.spec()).collect::<Result<_, _>>()?;
-        Ok(ModelSignature { name, inputs, outputs })
+        Ok(ModelSignature {
+            name,
+            inputs,
+            outputs,
+        })
     }
 
     fn finish(&self) -> Result<(), WireError> {

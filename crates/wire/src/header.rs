@@ -150,7 +150,9 @@ impl Header {
         let kind = Kind::from_code(bytes[6])?;
         let flags = bytes[7];
         if flags & !flags::KNOWN != 0 {
-            return Err(WireError::malformed(format!("unknown flag bits {flags:#04x}")));
+            return Err(WireError::malformed(format!(
+                "unknown flag bits {flags:#04x}"
+            )));
         }
         // WANT_TIMELINE belongs on requests and HAS_TIMELINE on responses only:
         // a HAS_TIMELINE request would make the receiver expect a timeline in
@@ -168,7 +170,8 @@ impl Header {
         if bytes[40..64].iter().any(|&x| x != 0) {
             return Err(WireError::ReservedNotZero);
         }
-        let u32_at = |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let u32_at =
+            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
         let u64_at = |o: usize| {
             let mut a = [0u8; 8];
             a.copy_from_slice(&bytes[o..o + 8]);
@@ -213,8 +216,16 @@ impl Header {
                 Ok(())
             }
         };
-        over("tensor count", self.tensor_count.into(), limits.max_tensors.into())?;
-        over("descriptor section length", self.desc_len.into(), limits.max_desc_len.into())?;
+        over(
+            "tensor count",
+            self.tensor_count.into(),
+            limits.max_tensors.into(),
+        )?;
+        over(
+            "descriptor section length",
+            self.desc_len.into(),
+            limits.max_desc_len.into(),
+        )?;
         over("payload length", self.payload_len, limits.max_payload)
     }
 }
@@ -260,7 +271,10 @@ mod tests {
         let mut b = good;
         b[63] = 1;
         assert_eq!(Header::decode(&b), Err(WireError::ReservedNotZero));
-        assert!(matches!(Header::decode(&good[..63]), Err(WireError::Truncated { .. })));
+        assert!(matches!(
+            Header::decode(&good[..63]),
+            Err(WireError::Truncated { .. })
+        ));
         let mut b = good;
         b[28] = 99;
         assert_eq!(Header::decode(&b), Err(WireError::UnknownStatus(99)));
@@ -270,15 +284,27 @@ mod tests {
     fn flags_and_status_checked_per_kind() {
         let mut h = Header::new(Kind::Request);
         h.flags = flags::HAS_TIMELINE;
-        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        assert!(matches!(
+            Header::decode(&h.encode()),
+            Err(WireError::Malformed(_))
+        ));
         let mut h = Header::new(Kind::Response);
         h.flags = flags::WANT_TIMELINE;
-        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        assert!(matches!(
+            Header::decode(&h.encode()),
+            Err(WireError::Malformed(_))
+        ));
         let mut h = Header::new(Kind::Ping);
         h.flags = flags::WANT_TIMELINE;
-        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        assert!(matches!(
+            Header::decode(&h.encode()),
+            Err(WireError::Malformed(_))
+        ));
         let h = Header::new(Kind::Error);
-        assert!(matches!(Header::decode(&h.encode()), Err(WireError::Malformed(_))));
+        assert!(matches!(
+            Header::decode(&h.encode()),
+            Err(WireError::Malformed(_))
+        ));
         let mut h = Header::new(Kind::Error);
         h.status = Status::UnknownModel;
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);

@@ -28,7 +28,8 @@ pub const DESC_FIXED_LEN: usize = 24;
 
 /// Rounds `n` up to a multiple of [`PAYLOAD_ALIGN`]; `None` on overflow.
 pub fn align_up(n: u64) -> Option<u64> {
-    n.checked_add(PAYLOAD_ALIGN - 1).map(|v| v & !(PAYLOAD_ALIGN - 1))
+    n.checked_add(PAYLOAD_ALIGN - 1)
+        .map(|v| v & !(PAYLOAD_ALIGN - 1))
 }
 
 /// Where one tensor lies in a payload, and what it is.
@@ -87,7 +88,11 @@ pub struct TensorSection {
 /// Appends the descriptor section for `tensors` (and `timeline`) to `out`.
 /// The caller sets `tensor_count`, `desc_len` and the `HAS_TIMELINE` flag in
 /// the header from what was written.
-pub fn encode_tensor_section(tensors: &[TensorDesc], timeline: Option<&Timeline>, out: &mut Vec<u8>) {
+pub fn encode_tensor_section(
+    tensors: &[TensorDesc],
+    timeline: Option<&Timeline>,
+    out: &mut Vec<u8>,
+) {
     for t in tensors {
         out.push(t.dtype.code());
         out.push(t.shape.len() as u8);
@@ -138,7 +143,9 @@ pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSect
             )));
         }
         if rest[2..8].iter().any(|&b| b != 0) {
-            return Err(WireError::malformed(format!("tensor {i}: reserved bytes not zero")));
+            return Err(WireError::malformed(format!(
+                "tensor {i}: reserved bytes not zero"
+            )));
         }
         need("tensor dims", rest, DESC_FIXED_LEN + 8 * ndim)?;
         let u64_at = |o: usize| {
@@ -178,7 +185,12 @@ pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSect
             })?;
         min_offset = end;
         pos += DESC_FIXED_LEN + 8 * ndim;
-        tensors.push(TensorDesc { dtype, shape, offset, len });
+        tensors.push(TensorDesc {
+            dtype,
+            shape,
+            offset,
+            len,
+        });
     }
     let timeline = if header.flags & flags::HAS_TIMELINE != 0 {
         let rest = &bytes[pos..];
@@ -233,7 +245,9 @@ mod tests {
     #[test]
     fn round_trip_with_timeline() {
         let ts = vec![desc(DType::F32, &[2, 3], 0), desc(DType::Bool, &[], 64)];
-        let tl = Timeline { stamps: [1, 2, 3, 4, 5, 6] };
+        let tl = Timeline {
+            stamps: [1, 2, 3, 4, 5, 6],
+        };
         let mut bytes = Vec::new();
         encode_tensor_section(&ts, Some(&tl), &mut bytes);
         let mut h = Header::new(Kind::Response);
@@ -255,7 +269,10 @@ mod tests {
         let (h, b) = section(&[desc(DType::U8, &[1], 8)], 9);
         assert!(decode_tensor_section(&h, &b).is_err());
         // Overlapping.
-        let (h, b) = section(&[desc(DType::U8, &[100], 0), desc(DType::U8, &[1], 64)], 200);
+        let (h, b) = section(
+            &[desc(DType::U8, &[100], 0), desc(DType::U8, &[1], 64)],
+            200,
+        );
         assert!(decode_tensor_section(&h, &b).is_err());
         // Wrong length for the shape.
         let mut d = desc(DType::F32, &[4], 0);

@@ -115,10 +115,15 @@ mod tests {
 
     #[test]
     fn round_trip_and_spans() {
-        let t = Timeline { stamps: [10, 20, 30, 40, 50, 60] };
+        let t = Timeline {
+            stamps: [10, 20, 30, 40, 50, 60],
+        };
         assert_eq!(Timeline::decode(&t.encode()).unwrap(), t);
         assert_eq!(t.span(Stage::Received, Stage::ResponseSent), Some(50));
-        assert_eq!(Timeline::default().span(Stage::Received, Stage::Queued), None);
+        assert_eq!(
+            Timeline::default().span(Stage::Received, Stage::Queued),
+            None
+        );
     }
 
     #[test]

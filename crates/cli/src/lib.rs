@@ -1,0 +1,10 @@
+//! Library half of the tensorwire command: pieces the subcommands share.
+//!
+//! - [`npy`]: reading and writing NumPy `.npy` files (tensors in and out).
+//! - [`raw`]: the "raw floor" socket ping-pong `tensorwire ping --raw` compares
+//!   tensorwire against, and the `raw-echo` peer it runs.
+//! - [`stats`]: latency summaries (nearest-rank percentiles) and spreads.
+
+pub mod npy;
+pub mod raw;
+pub mod stats;

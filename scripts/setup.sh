@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Sets up tensorwire's Python side, idempotently:
+#   1. creates .venv with the machine's python3 (or $PYTHON),
+#   2. pip-installs the pinned packages of requirements.txt (from PyPI only),
+#      among them the onnxruntime wheel whose libonnxruntime.so the Rust engine
+#      loads at run time,
+#   3. runs the model builders (models/build_*.py; each caches its own output),
+#   4. prints where the ONNX Runtime library is.
+# A second run is quick: step 2 is skipped while the stamp file in .venv matches
+# the hash of requirements.txt and the Python version. It does not build the
+# Rust code.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PY="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+REQ="$ROOT/requirements.txt"
+STAMP="$VENV/.tensorwire-setup.stamp"
+
+say() { printf 'setup: %s\n' "$*"; }
+
+if ! command -v "$PY" >/dev/null 2>&1; then
+    echo "setup: '$PY' not found; install Python 3 (3.10 or newer) or set PYTHON" >&2
+    exit 1
+fi
+
+py_version="$("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+req_hash="$(sha256sum "$REQ" | cut -d' ' -f1)"
+want="requirements=$req_hash python=$py_version"
+
+# A venv whose interpreter is gone (moved tree, removed Python) is rebuilt.
+if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    say "existing .venv is broken; recreating it"
+    rm -rf "$VENV"
+fi
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    say "Python packages up to date (.venv)"
+else
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        say "creating .venv with $("$PY" --version 2>&1)"
+        "$PY" -m venv "$VENV"
+    fi
+    say "installing requirements.txt into .venv"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
+    echo "$want" > "$STAMP"
+fi
+
+for builder in "$ROOT"/models/build_*.py; do
+    [[ -e "$builder" ]] || continue
+    say "model: ${builder#"$ROOT"/}"
+    "$VENV/bin/python" "$builder"
+done
+
+shopt -s nullglob
+libs=("$VENV"/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so*)
+shopt -u nullglob
+if (( ${#libs[@]} == 0 )); then
+    echo "setup: the onnxruntime wheel installed no libonnxruntime.so under .venv" >&2
+    exit 1
+fi
+say "ONNX Runtime library: ${libs[0]}"
