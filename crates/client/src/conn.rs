@@ -30,8 +30,6 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// Limits to ask the agent for (0 fields = the agent's).
     pub limits: Limits,
-    /// Largest response payload accepted from the agent.
-    pub max_response_payload: u64,
     /// Ask the agent for each request's timeline.
     pub want_timeline: bool,
 }
@@ -47,7 +45,6 @@ impl Default for ClientOptions {
                 max_payload: 0,
                 max_desc_len: 0,
             },
-            max_response_payload: 4 << 30,
             want_timeline: false,
         }
     }
@@ -194,12 +191,8 @@ impl Client {
         let mut inner = Inner {
             link,
             uri: ep.to_string(),
-            recv_limits: Limits {
-                max_tensors: 4096,
-                max_in_flight: u32::MAX,
-                max_payload: opts.max_response_payload,
-                max_desc_len: 16 << 20,
-            },
+            // Until the HelloAck says otherwise, the defaults (PROTOCOL.md §11).
+            recv_limits: Limits::default(),
             opts,
             limits: Limits::default(),
             next_id: AtomicU64::new(1),
@@ -210,7 +203,10 @@ impl Client {
         h.desc_len = hello.len() as u32;
         let frame = inner.roundtrip(h, &hello)?;
         expect_kind(&frame, Kind::HelloAck)?;
-        inner.limits = decode_hello(&frame.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        inner.limits =
+            decode_hello(&frame.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        // From now on the agent's messages must fit the limits in force.
+        inner.recv_limits = inner.limits;
         Ok(Client {
             inner: Arc::new(inner),
         })
@@ -229,14 +225,17 @@ impl Client {
     /// Looks a model up by name.
     pub fn model(&self, name: &str) -> Result<Model, ClientError> {
         if name.is_empty() || name.len() > wire::MAX_NAME_LEN {
-            return Err(ClientError::UnknownModel(format!("'{name}' is not a valid model name")));
+            return Err(ClientError::UnknownModel(format!(
+                "'{name}' is not a valid model name"
+            )));
         }
         let body = encode_model_name(name);
         let mut h = Header::new(Kind::ModelQuery);
         h.desc_len = body.len() as u32;
         let f = self.inner.roundtrip(h, &body)?;
         expect_kind(&f, Kind::ModelInfo)?;
-        let signature = decode_signature(&f.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let signature =
+            decode_signature(&f.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok(Model {
             client: self.clone(),
             info: ModelInfo {
@@ -517,11 +516,10 @@ impl Inner {
                 return Err(ClientError::Timeout(self.opts.timeout));
             }
             if sh.reading {
-                sh = s
-                    .cv
-                    .wait_timeout(sh, deadline - now)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+                sh =
+                    s.cv.wait_timeout(sh, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 continue;
             }
             sh.reading = true;
@@ -533,7 +531,10 @@ impl Inner {
                 Ok(f) if f.header.kind == Kind::Error && f.header.request_id == 0 => {
                     // A session-level error: the agent closes the connection.
                     let msg = decode_error_body(&f.desc).unwrap_or_default();
-                    sh.dead = Some(format!("agent closed the session ({}): {msg}", f.header.status));
+                    sh.dead = Some(format!(
+                        "agent closed the session ({}): {msg}",
+                        f.header.status
+                    ));
                 }
                 Ok(f) if f.header.request_id == id => {
                     sh.pending.remove(&id);
@@ -593,7 +594,9 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
     let outputs = match f.payload {
         Payload::Contiguous(buf) => {
             if buf.len() as u64 != f.header.payload_len {
-                return Err(ClientError::Protocol("response payload length mismatch".into()));
+                return Err(ClientError::Protocol(
+                    "response payload length mismatch".into(),
+                ));
             }
             let buf = Arc::new(buf);
             section
@@ -607,7 +610,9 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
         }
         Payload::PerTensor(bufs) => {
             if bufs.len() != section.tensors.len() {
-                return Err(ClientError::Protocol("in-process reply tensor count mismatch".into()));
+                return Err(ClientError::Protocol(
+                    "in-process reply tensor count mismatch".into(),
+                ));
             }
             section
                 .tensors
@@ -615,7 +620,9 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
                 .zip(bufs)
                 .map(|(d, b)| {
                     if b.len() as u64 != d.len {
-                        return Err(ClientError::Protocol("in-process tensor length mismatch".into()));
+                        return Err(ClientError::Protocol(
+                            "in-process tensor length mismatch".into(),
+                        ));
                     }
                     let n = b.len();
                     Ok(Tensor::new(d.dtype, d.shape, Arc::new(b), 0..n))

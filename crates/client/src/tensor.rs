@@ -32,7 +32,11 @@ pub struct TensorRef<'a> {
 
 impl<'a> TensorRef<'a> {
     /// A tensor over raw bytes; checks the length matches dtype and shape.
-    pub fn new(dtype: DType, shape: &'a [u64], data: &'a [u8]) -> Result<TensorRef<'a>, ClientError> {
+    pub fn new(
+        dtype: DType,
+        shape: &'a [u64],
+        data: &'a [u8],
+    ) -> Result<TensorRef<'a>, ClientError> {
         let want = TensorDesc::byte_len(dtype, shape)
             .ok_or_else(|| ClientError::InvalidInput(format!("shape {shape:?} overflows")))?;
         if want != data.len() as u64 {
@@ -45,7 +49,10 @@ impl<'a> TensorRef<'a> {
     }
 
     /// A tensor over a typed slice.
-    pub fn from_slice<T: Element>(shape: &'a [u64], data: &'a [T]) -> Result<TensorRef<'a>, ClientError> {
+    pub fn from_slice<T: Element>(
+        shape: &'a [u64],
+        data: &'a [T],
+    ) -> Result<TensorRef<'a>, ClientError> {
         TensorRef::new(T::DTYPE, shape, bytemuck::cast_slice(data))
     }
 }
@@ -63,8 +70,18 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    pub(crate) fn new(dtype: DType, shape: Vec<u64>, buf: Arc<PooledBuf>, range: Range<usize>) -> Tensor {
-        Tensor { dtype, shape, buf, range }
+    pub(crate) fn new(
+        dtype: DType,
+        shape: Vec<u64>,
+        buf: Arc<PooledBuf>,
+        range: Range<usize>,
+    ) -> Tensor {
+        Tensor {
+            dtype,
+            shape,
+            buf,
+            range,
+        }
     }
 
     /// The raw bytes (little-endian, C order, 64-byte aligned).
@@ -105,7 +122,11 @@ mod tests {
 
     #[test]
     fn typed_access() {
-        let buf = Arc::new(wire::AlignedBuf::copy_from(bytemuck::cast_slice(&[1f32, 2.0])).unwrap().into());
+        let buf = Arc::new(
+            wire::AlignedBuf::copy_from(bytemuck::cast_slice(&[1f32, 2.0]))
+                .unwrap()
+                .into(),
+        );
         let t = Tensor::new(DType::F32, vec![2], buf, 0..8);
         assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
         assert!(t.as_slice::<i32>().is_err());

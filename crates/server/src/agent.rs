@@ -77,7 +77,9 @@ pub struct Agent {
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent").field("endpoints", &self.endpoints).finish()
+        f.debug_struct("Agent")
+            .field("endpoints", &self.endpoints)
+            .finish()
     }
 }
 
@@ -102,8 +104,9 @@ impl Agent {
         for ep in &cfg.listen {
             match ep {
                 Endpoint::Inproc(name) => {
-                    let reg = transport::inproc::register(name, Arc::new(InprocAgent(core.clone())))
-                        .map_err(AgentError::Inproc)?;
+                    let reg =
+                        transport::inproc::register(name, Arc::new(InprocAgent(core.clone())))
+                            .map_err(AgentError::Inproc)?;
                     inproc.push(reg);
                     endpoints.push(ep.clone());
                 }

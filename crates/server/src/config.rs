@@ -198,14 +198,23 @@ impl AgentConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.intra_threads == 0 || self.intra_threads > 256 {
-            return bad(format!("intra_threads must be 1..=256, not {}", self.intra_threads));
+            return bad(format!(
+                "intra_threads must be 1..=256, not {}",
+                self.intra_threads
+            ));
         }
         if self.inter_threads == 0 || self.inter_threads > 256 {
-            return bad(format!("inter_threads must be 1..=256, not {}", self.inter_threads));
+            return bad(format!(
+                "inter_threads must be 1..=256, not {}",
+                self.inter_threads
+            ));
         }
         let l = &self.limits;
         if l.max_tensors == 0 || l.max_tensors > 4096 {
-            return bad(format!("max_tensors must be 1..=4096, not {}", l.max_tensors));
+            return bad(format!(
+                "max_tensors must be 1..=4096, not {}",
+                l.max_tensors
+            ));
         }
         if l.max_in_flight == 0 {
             return bad("max_in_flight must be at least 1".into());
@@ -214,7 +223,10 @@ impl AgentConfig {
             return bad(format!("max_payload {} is over 1 TiB", l.max_payload));
         }
         if !(256..=16 << 20).contains(&l.max_desc_len) {
-            return bad(format!("max_desc_len must be 256..=16777216, not {}", l.max_desc_len));
+            return bad(format!(
+                "max_desc_len must be 256..=16777216, not {}",
+                l.max_desc_len
+            ));
         }
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1".into());
@@ -287,11 +299,14 @@ mod tests {
         };
         assert!(cfg.validate().is_err());
         let mut cfg = AgentConfig::default();
-        cfg.models.push(ModelConfig::parse_flag("identity=x.onnx").unwrap());
+        cfg.models
+            .push(ModelConfig::parse_flag("identity=x.onnx").unwrap());
         assert!(cfg.validate().is_err());
         let mut cfg = AgentConfig::default();
-        cfg.models.push(ModelConfig::parse_flag("a=x.onnx").unwrap());
-        cfg.models.push(ModelConfig::parse_flag("a=y.onnx").unwrap());
+        cfg.models
+            .push(ModelConfig::parse_flag("a=x.onnx").unwrap());
+        cfg.models
+            .push(ModelConfig::parse_flag("a=y.onnx").unwrap());
         assert!(cfg.validate().is_err());
         assert!(ModelConfig::parse_flag("nopath").is_err());
     }

@@ -12,15 +12,15 @@ use crate::registry::{ModelEntry, ModelRegistry};
 use engine::{Output, OutputData, TensorView};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+use wire::BufPool;
 use wire::{
     decode_hello, decode_model_name, decode_tensor_section, encode_error_body, encode_hello,
     encode_model_list, encode_signature, encode_tensor_section, flags, layout_payload, Header,
     Kind, Limits, Stage, Status, TensorDesc, Timeline,
 };
-use wire::BufPool;
-use std::sync::Arc;
 
 /// Bytes of large payload buffers the agent keeps for reuse.
 const POOL_BYTES: usize = 512 << 20;
@@ -77,6 +77,8 @@ pub struct Prepared<'a> {
     pub request_id: u64,
     /// Whether the client asked for the timeline.
     pub want_timeline: bool,
+    /// The session's limits (the response must fit them too).
+    pub limits: Limits,
     _in_flight: InFlight<'a>,
 }
 
@@ -187,17 +189,31 @@ impl AgentCore {
             return Err(self.fail(Reply::error(
                 h.request_id,
                 Status::UnknownKind,
-                &format!("the first message of a session must be Hello, not {:?}", h.kind),
+                &format!(
+                    "the first message of a session must be Hello, not {:?}",
+                    h.kind
+                ),
             )));
         }
         let asked = decode_hello(body)
             .map_err(|e| self.fail(Reply::error(h.request_id, e.status(), &e.to_string())))?;
         let limits = self.limits.narrowed_by(&asked);
-        Ok((limits, Reply::control(Kind::HelloAck, h.request_id, 0, encode_hello(&limits))))
+        Ok((
+            limits,
+            Reply::control(Kind::HelloAck, h.request_id, 0, encode_hello(&limits)),
+        ))
     }
 
-    /// Answers a control message (anything but Hello and Request).
-    pub fn control(&self, h: &Header, body: &[u8]) -> Reply {
+    /// Answers a control message (anything but Hello and Request) on a
+    /// session with `limits`.
+    pub fn control(&self, h: &Header, body: &[u8], limits: &Limits) -> Reply {
+        if matches!(h.kind, Kind::Ping | Kind::ListModels) && !body.is_empty() {
+            return self.fail(Reply::error(
+                h.request_id,
+                Status::Malformed,
+                &format!("{:?} carries no body, got {} bytes", h.kind, body.len()),
+            ));
+        }
         match h.kind {
             Kind::Ping => Reply::control(Kind::Pong, h.request_id, 0, Vec::new()),
             Kind::ModelQuery => match decode_model_name(body) {
@@ -221,7 +237,19 @@ impl AgentCore {
                     .iter()
                     .map(|m| (m.id, m.signature().clone()))
                     .collect();
-                Reply::control(Kind::ModelList, h.request_id, 0, encode_model_list(&list))
+                let body = encode_model_list(&list);
+                if body.len() > limits.max_desc_len as usize {
+                    return self.fail(Reply::error(
+                        h.request_id,
+                        Status::LimitExceeded,
+                        &format!(
+                            "the model list is {} bytes, over the session's max_desc_len {}",
+                            body.len(),
+                            limits.max_desc_len
+                        ),
+                    ));
+                }
+                Reply::control(Kind::ModelList, h.request_id, 0, body)
             }
             Kind::Hello => self.fail(Reply::error(
                 h.request_id,
@@ -238,7 +266,7 @@ impl AgentCore {
 
     /// Checks a request before its payload is read: shutdown, model id,
     /// descriptors, and the tensors against the model's signature.
-    pub fn prepare(&self, h: &Header, desc: &[u8]) -> Result<Prepared<'_>, Reply> {
+    pub fn prepare(&self, h: &Header, desc: &[u8], limits: &Limits) -> Result<Prepared<'_>, Reply> {
         let id = h.request_id;
         if self.is_closing() {
             return Err(self.fail(Reply::error(
@@ -251,13 +279,19 @@ impl AgentCore {
             self.fail(Reply::error(
                 id,
                 Status::UnknownModel,
-                &format!("no model has id {} (resolve names with ModelQuery)", h.model_id),
+                &format!(
+                    "no model has id {} (resolve names with ModelQuery)",
+                    h.model_id
+                ),
             ))
         })?;
         let section = decode_tensor_section(h, desc)
             .map_err(|e| self.fail(Reply::error(id, e.status(), &e.to_string())))?;
-        let metas: Vec<(wire::DType, &[u64])> =
-            section.tensors.iter().map(|t| (t.dtype, t.shape.as_slice())).collect();
+        let metas: Vec<(wire::DType, &[u64])> = section
+            .tensors
+            .iter()
+            .map(|t| (t.dtype, t.shape.as_slice()))
+            .collect();
         model
             .backend
             .check_inputs(&metas)
@@ -268,6 +302,7 @@ impl AgentCore {
             tensors: section.tensors,
             request_id: id,
             want_timeline: h.flags & flags::WANT_TIMELINE != 0,
+            limits: *limits,
             _in_flight: InFlight(self),
         })
     }
@@ -301,7 +336,7 @@ impl AgentCore {
                 self.counters.responses.fetch_add(1, Ordering::Relaxed);
                 r
             }
-            Err(msg) => self.fail(Reply::error(p.request_id, Status::Internal, &msg)),
+            Err((status, msg)) => self.fail(Reply::error(p.request_id, status, &msg)),
         }
     }
 
@@ -311,26 +346,27 @@ impl AgentCore {
         outputs: Vec<Output>,
         inputs: &[TensorView<'_>],
         tl: &mut Timeline,
-    ) -> Result<Reply, String> {
+    ) -> Result<Reply, (Status, String)> {
+        let internal = |m: String| (Status::Internal, m);
         let mut lens = Vec::with_capacity(outputs.len());
         for (i, o) in outputs.iter().enumerate() {
             let have = o.bytes(inputs).len() as u64;
             if let OutputData::Input(n) = o.data {
                 if n >= inputs.len() {
-                    return Err(format!("output {i} aliases missing input {n}"));
+                    return Err(internal(format!("output {i} aliases missing input {n}")));
                 }
             }
             let want = TensorDesc::byte_len(o.dtype, &o.shape);
             if want != Some(have) {
-                return Err(format!(
+                return Err(internal(format!(
                     "engine produced output {i} of {have} bytes for {}{:?}",
                     o.dtype, o.shape
-                ));
+                )));
             }
             lens.push(have);
         }
-        let (offsets, payload_len) =
-            layout_payload(lens.iter().copied()).ok_or("output layout overflows")?;
+        let (offsets, payload_len) = layout_payload(lens.iter().copied())
+            .ok_or_else(|| internal("output layout overflows".into()))?;
         let descs: Vec<TensorDesc> = outputs
             .iter()
             .zip(offsets)
@@ -347,7 +383,8 @@ impl AgentCore {
         header.model_id = p.model.id;
         header.tensor_count = descs.len() as u32;
         header.payload_len = payload_len;
-        let mut desc = Vec::with_capacity(descs.iter().map(|d| d.encoded_len()).sum::<usize>() + 64);
+        let mut desc =
+            Vec::with_capacity(descs.iter().map(|d| d.encoded_len()).sum::<usize>() + 64);
         if p.want_timeline {
             header.flags |= flags::HAS_TIMELINE;
             tl.stamp(Stage::ResponseSent);
@@ -356,6 +393,14 @@ impl AgentCore {
             encode_tensor_section(&descs, None, &mut desc);
         }
         header.desc_len = desc.len() as u32;
+        // A response must fit the session's limits like any message (the
+        // client checks them too).
+        header.check_limits(&p.limits).map_err(|e| {
+            (
+                Status::LimitExceeded,
+                format!("the response breaks the session limits: {e}"),
+            )
+        })?;
         Ok(Reply {
             header,
             desc,

@@ -24,15 +24,23 @@ impl InprocService for InprocAgent {
             },
             Kind::Request => {
                 if let Err(e) = h.check_limits(&core.limits) {
-                    return owned(core, core.fail(Reply::error(h.request_id, e.status(), &e.to_string())), &[]);
+                    return owned(
+                        core,
+                        core.fail(Reply::error(h.request_id, e.status(), &e.to_string())),
+                        &[],
+                    );
                 }
                 let mut tl = Timeline::default();
                 tl.stamp(Stage::Received);
-                match core.prepare(&h, req.desc) {
+                match core.prepare(&h, req.desc, &core.limits) {
                     Err(r) => r,
                     Ok(prep) => {
                         if prep.tensors.len() != req.tensors.len()
-                            || prep.tensors.iter().zip(req.tensors).any(|(d, t)| d.len != t.len() as u64)
+                            || prep
+                                .tensors
+                                .iter()
+                                .zip(req.tensors)
+                                .any(|(d, t)| d.len != t.len() as u64)
                         {
                             return owned(
                                 core,
@@ -56,7 +64,7 @@ impl InprocService for InprocAgent {
                     }
                 }
             }
-            _ => core.control(&h, req.desc),
+            _ => core.control(&h, req.desc, &core.limits),
         };
         owned(core, reply, &[])
     }

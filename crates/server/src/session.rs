@@ -27,7 +27,11 @@ pub fn serve(core: Arc<AgentCore>, mut conn: StreamConn) {
             Err(RecvError::TimedOut) if !core.is_closing() => continue,
             Err(RecvError::Wire(e)) => {
                 // The stream cannot be resynchronised: say why, then close.
-                let _ = send(&conn, &core.fail(Reply::error(0, e.status(), &e.to_string())), &[]);
+                let _ = send(
+                    &conn,
+                    &core.fail(Reply::error(0, e.status(), &e.to_string())),
+                    &[],
+                );
                 return;
             }
             Err(_) => return,
@@ -35,7 +39,7 @@ pub fn serve(core: Arc<AgentCore>, mut conn: StreamConn) {
         let mut tl = Timeline::default();
         tl.stamp(Stage::Received);
         let ok = if h.kind == Kind::Request {
-            match core.prepare(&h, &desc) {
+            match core.prepare(&h, &desc, &limits) {
                 Err(reply) => conn.skip_payload(h.payload_len).is_ok() && send(&conn, &reply, &[]),
                 Ok(prep) => {
                     let mut buf = match core.pool.take(h.payload_len as usize) {
@@ -61,7 +65,7 @@ pub fn serve(core: Arc<AgentCore>, mut conn: StreamConn) {
                 }
             }
         } else {
-            send(&conn, &core.control(&h, &desc), &[])
+            send(&conn, &core.control(&h, &desc, &limits), &[])
         };
         if !ok {
             return;
@@ -84,7 +88,11 @@ fn handshake(core: &AgentCore, conn: &mut StreamConn) -> Option<wire::Limits> {
             }
             Err(RecvError::TimedOut) if !core.is_closing() => continue,
             Err(RecvError::Wire(e)) => {
-                let _ = send(conn, &core.fail(Reply::error(0, e.status(), &e.to_string())), &[]);
+                let _ = send(
+                    conn,
+                    &core.fail(Reply::error(0, e.status(), &e.to_string())),
+                    &[],
+                );
                 return None;
             }
             Err(_) => return None,
@@ -94,5 +102,6 @@ fn handshake(core: &AgentCore, conn: &mut StreamConn) -> Option<wire::Limits> {
 
 /// Sends `reply` (its outputs may alias `inputs`); false when the peer is gone.
 fn send(conn: &StreamConn, reply: &Reply, inputs: &[TensorView<'_>]) -> bool {
-    conn.send(&reply.header, &reply.desc, &reply.payload(inputs)).is_ok()
+    conn.send(&reply.header, &reply.desc, &reply.payload(inputs))
+        .is_ok()
 }

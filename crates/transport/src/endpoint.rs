@@ -28,9 +28,9 @@ impl Endpoint {
             uri: uri.to_string(),
             reason: reason.to_string(),
         };
-        let (scheme, rest) = uri
-            .split_once("://")
-            .ok_or_else(|| bad("expected SCHEME://..., e.g. unix:///tmp/tw.sock or tcp://127.0.0.1:7070"))?;
+        let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
+            bad("expected SCHEME://..., e.g. unix:///tmp/tw.sock or tcp://127.0.0.1:7070")
+        })?;
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -49,7 +49,11 @@ impl Endpoint {
                 if rest.contains('/') {
                     return Err(bad("in-process names cannot contain '/'"));
                 }
-                Ok(Endpoint::Inproc(if rest.is_empty() { "default".into() } else { rest.into() }))
+                Ok(Endpoint::Inproc(if rest.is_empty() {
+                    "default".into()
+                } else {
+                    rest.into()
+                }))
             }
             "unix" => {
                 no_params(&params)?;
@@ -57,7 +61,9 @@ impl Endpoint {
                     return Err(bad("missing socket path, e.g. unix:///tmp/tensorwire.sock"));
                 }
                 if rest.len() > 107 {
-                    return Err(bad("socket path longer than 107 bytes (the sun_path limit)"));
+                    return Err(bad(
+                        "socket path longer than 107 bytes (the sun_path limit)",
+                    ));
                 }
                 Ok(Endpoint::Unix(PathBuf::from(rest)))
             }
@@ -67,7 +73,9 @@ impl Endpoint {
                     match (k.as_str(), v.as_str()) {
                         ("nodelay", "1" | "true") => nodelay = true,
                         ("nodelay", "0" | "false") => nodelay = false,
-                        ("nodelay", v) => return Err(bad(&format!("nodelay must be 0 or 1, not '{v}'"))),
+                        ("nodelay", v) => {
+                            return Err(bad(&format!("nodelay must be 0 or 1, not '{v}'")))
+                        }
                         (k, _) => return Err(bad(&format!("unknown parameter '{k}' for tcp://"))),
                     }
                 }
@@ -79,7 +87,10 @@ impl Endpoint {
                 }
                 port.parse::<u16>()
                     .map_err(|_| bad(&format!("port '{port}' is not a number from 0 to 65535")))?;
-                Ok(Endpoint::Tcp { addr: rest.to_string(), nodelay })
+                Ok(Endpoint::Tcp {
+                    addr: rest.to_string(),
+                    nodelay,
+                })
             }
             "shm" => Err(bad("the shared-memory transport is not built yet")),
             "vsock" => Err(bad("the vsock transport is not built yet")),
@@ -114,8 +125,14 @@ impl fmt::Display for Endpoint {
         match self {
             Endpoint::Inproc(n) => write!(f, "inproc://{n}"),
             Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
-            Endpoint::Tcp { addr, nodelay: true } => write!(f, "tcp://{addr}"),
-            Endpoint::Tcp { addr, nodelay: false } => write!(f, "tcp://{addr}?nodelay=0"),
+            Endpoint::Tcp {
+                addr,
+                nodelay: true,
+            } => write!(f, "tcp://{addr}"),
+            Endpoint::Tcp {
+                addr,
+                nodelay: false,
+            } => write!(f, "tcp://{addr}?nodelay=0"),
         }
     }
 }
@@ -126,21 +143,38 @@ mod tests {
 
     #[test]
     fn parses_known_schemes() {
-        assert_eq!(Endpoint::parse("inproc://").unwrap(), Endpoint::Inproc("default".into()));
-        assert_eq!(Endpoint::parse("inproc://a").unwrap(), Endpoint::Inproc("a".into()));
+        assert_eq!(
+            Endpoint::parse("inproc://").unwrap(),
+            Endpoint::Inproc("default".into())
+        );
+        assert_eq!(
+            Endpoint::parse("inproc://a").unwrap(),
+            Endpoint::Inproc("a".into())
+        );
         assert_eq!(
             Endpoint::parse("unix:///tmp/x.sock").unwrap(),
             Endpoint::Unix("/tmp/x.sock".into())
         );
         assert_eq!(
             Endpoint::parse("tcp://127.0.0.1:7070").unwrap(),
-            Endpoint::Tcp { addr: "127.0.0.1:7070".into(), nodelay: true }
+            Endpoint::Tcp {
+                addr: "127.0.0.1:7070".into(),
+                nodelay: true
+            }
         );
         assert_eq!(
             Endpoint::parse("tcp://[::1]:1?nodelay=0").unwrap(),
-            Endpoint::Tcp { addr: "[::1]:1".into(), nodelay: false }
+            Endpoint::Tcp {
+                addr: "[::1]:1".into(),
+                nodelay: false
+            }
         );
-        for s in ["inproc://a", "unix:///tmp/x.sock", "tcp://h:1", "tcp://h:1?nodelay=0"] {
+        for s in [
+            "inproc://a",
+            "unix:///tmp/x.sock",
+            "tcp://h:1",
+            "tcp://h:1?nodelay=0",
+        ] {
             assert_eq!(Endpoint::parse(s).unwrap().to_string(), s);
         }
     }

@@ -67,7 +67,9 @@ impl Drop for Registration {
 
 /// Registers `service` as `inproc://name`. Fails if the name is taken.
 pub fn register(name: &str, service: Arc<dyn InprocService>) -> Result<Registration, String> {
-    let mut r = registry().lock().map_err(|_| "in-process registry poisoned".to_string())?;
+    let mut r = registry()
+        .lock()
+        .map_err(|_| "in-process registry poisoned".to_string())?;
     if r.contains_key(name) {
         return Err(format!("an in-process agent named '{name}' already exists"));
     }

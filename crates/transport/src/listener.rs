@@ -149,4 +149,3 @@ pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, Transport
         }),
     }
 }
-

@@ -127,7 +127,9 @@ impl StreamConn {
     /// Wraps a connected TCP stream, setting `TCP_NODELAY` to `nodelay`.
     pub fn from_tcp(s: TcpStream, nodelay: bool) -> io::Result<StreamConn> {
         s.set_nodelay(nodelay)?;
-        let peer = s.peer_addr().map_or_else(|_| "tcp peer".to_string(), |a| a.to_string());
+        let peer = s
+            .peer_addr()
+            .map_or_else(|_| "tcp peer".to_string(), |a| a.to_string());
         Ok(StreamConn::new(Sock::Tcp(s), peer))
     }
 
@@ -284,7 +286,13 @@ impl StreamWriter {
         on_readable: &mut dyn FnMut() -> io::Result<()>,
         timeout: Option<Duration>,
     ) -> io::Result<()> {
-        send_message(self.sock.fd(), header, desc, tensors, Some((on_readable, timeout)))
+        send_message(
+            self.sock.fd(),
+            header,
+            desc,
+            tensors,
+            Some((on_readable, timeout)),
+        )
     }
 
     /// Closes both directions of the socket.
@@ -389,7 +397,10 @@ fn send_message(
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 fn mid_message(kind: io::ErrorKind) -> RecvError {
@@ -403,11 +414,14 @@ fn mid_message(kind: io::ErrorKind) -> RecvError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wire::{encode_tensor_section, layout_payload, Kind, TensorDesc, DType};
+    use wire::{encode_tensor_section, layout_payload, DType, Kind, TensorDesc};
 
     fn pair() -> (StreamConn, StreamConn) {
         let (a, b) = UnixStream::pair().unwrap();
-        (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()))
+        (
+            StreamConn::from_unix(a, "a".into()),
+            StreamConn::from_unix(b, "b".into()),
+        )
     }
 
     fn request(tensors: &[&[u8]]) -> (Header, Vec<u8>) {
@@ -486,18 +500,27 @@ mod tests {
     fn eof_between_and_inside_messages() {
         let (a, mut b) = pair();
         drop(a);
-        assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Closed)));
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::Closed)
+        ));
         let (a, mut b) = pair();
         rustix::io::write(a.sock.fd(), &Header::new(Kind::Ping).encode()[..10]).unwrap();
         drop(a);
-        assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Io(_))));
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::Io(_))
+        ));
     }
 
     #[test]
     fn timeout_between_messages_is_benign() {
         let (a, mut b) = pair();
         b.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-        assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::TimedOut)));
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::TimedOut)
+        ));
         a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
         assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
     }

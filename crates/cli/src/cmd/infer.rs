@@ -81,15 +81,34 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     let t = Instant::now();
     let r = model.infer(&tensors)?;
     let elapsed = t.elapsed();
-    println!("model {} via {}: {:.3} ms", sig.name, c.client.uri(), elapsed.as_secs_f64() * 1e3);
+    println!(
+        "model {} via {}: {:.3} ms",
+        sig.name,
+        c.client.uri(),
+        elapsed.as_secs_f64() * 1e3
+    );
     for (i, out) in r.outputs.iter().enumerate() {
-        let name = sig.outputs.get(i).map_or_else(|| format!("output{i}"), |s| s.name.clone());
-        println!("  {name}: {}{:?} = {}", out.dtype, out.shape, preview(out.dtype, out.bytes()));
+        let name = sig
+            .outputs
+            .get(i)
+            .map_or_else(|| format!("output{i}"), |s| s.name.clone());
+        println!(
+            "  {name}: {}{:?} = {}",
+            out.dtype,
+            out.shape,
+            preview(out.dtype, out.bytes())
+        );
         if let Some(dir) = &a.output_dir {
             std::fs::create_dir_all(dir)?;
             let file: String = name
                 .chars()
-                .map(|ch| if ch.is_ascii_alphanumeric() || ch == '_' || ch == '-' { ch } else { '_' })
+                .map(|ch| {
+                    if ch.is_ascii_alphanumeric() || ch == '_' || ch == '-' {
+                        ch
+                    } else {
+                        '_'
+                    }
+                })
                 .collect();
             let path = dir.join(format!("{file}.npy"));
             write_npy(&path, out.dtype, &out.shape, out.bytes())?;
@@ -132,6 +151,10 @@ fn preview(dtype: DType, bytes: &[u8]) -> String {
             _ => v.to_string(),
         });
     }
-    let more = if count > N { format!(", … ({count} values)") } else { String::new() };
+    let more = if count > N {
+        format!(", … ({count} values)")
+    } else {
+        String::new()
+    };
     format!("[{}{more}]", items.join(", "))
 }

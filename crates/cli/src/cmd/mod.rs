@@ -27,7 +27,11 @@ pub struct Connection {
 
 /// Connects to `uri`. For `inproc://name` with no agent of that name in this
 /// process yet, starts an embedded agent serving `models` first.
-pub fn connect(uri: &str, models: &[ModelConfig], opts: client::ClientOptions) -> Result<Connection, CmdError> {
+pub fn connect(
+    uri: &str,
+    models: &[ModelConfig],
+    opts: client::ClientOptions,
+) -> Result<Connection, CmdError> {
     let ep = Endpoint::parse(uri)?;
     let agent = match &ep {
         Endpoint::Inproc(name) if transport::inproc::lookup(name).is_none() => {
@@ -46,10 +50,16 @@ pub fn connect(uri: &str, models: &[ModelConfig], opts: client::ClientOptions) -
         }
     };
     let client = Client::connect_with(uri, opts)?;
-    Ok(Connection { client, _agent: agent })
+    Ok(Connection {
+        client,
+        _agent: agent,
+    })
 }
 
 /// Parses repeated `NAME=PATH` model flags.
 pub fn parse_models(flags: &[String]) -> Result<Vec<ModelConfig>, CmdError> {
-    Ok(flags.iter().map(|s| ModelConfig::parse_flag(s)).collect::<Result<_, _>>()?)
+    Ok(flags
+        .iter()
+        .map(|s| ModelConfig::parse_flag(s))
+        .collect::<Result<_, _>>()?)
 }

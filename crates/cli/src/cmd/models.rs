@@ -17,7 +17,12 @@ pub struct Args {
 pub fn run(a: Args) -> Result<(), CmdError> {
     let c = connect(&a.connect, &parse_models(&a.load)?, Default::default())?;
     for m in c.client.models()? {
-        println!("{:<20} id {:<3} {}", m.signature.name, m.id, super::serve::describe(&m.signature));
+        println!(
+            "{:<20} id {:<3} {}",
+            m.signature.name,
+            m.id,
+            super::serve::describe(&m.signature)
+        );
     }
     Ok(())
 }

@@ -80,7 +80,11 @@ fn parse_flag01(s: &str, what: &str) -> Result<bool, CmdError> {
 /// none for 0): the raw floor sends exactly as many, so both move the same
 /// bytes.
 pub fn request_bytes(size: u64) -> u64 {
-    let desc = if size == 0 { 0 } else { DESC_FIXED_LEN as u64 + 8 };
+    let desc = if size == 0 {
+        0
+    } else {
+        DESC_FIXED_LEN as u64 + 8
+    };
     HEADER_LEN as u64 + desc + size
 }
 
@@ -134,7 +138,10 @@ pub fn run(a: Args) -> Result<(), CmdError> {
 
 /// Inputs for one request: identity gets one u8 tensor of `--size` bytes
 /// (none for 0); other models get seeded random tensors from their signature.
-fn make_inputs(a: &Args, sig: &wire::ModelSignature) -> Result<Vec<(DType, Vec<u64>, AlignedBuf)>, CmdError> {
+fn make_inputs(
+    a: &Args,
+    sig: &wire::ModelSignature,
+) -> Result<Vec<(DType, Vec<u64>, AlignedBuf)>, CmdError> {
     if sig.inputs.is_empty() {
         if a.size == 0 {
             return Ok(Vec::new());
@@ -179,7 +186,11 @@ fn ping_tensorwire(a: &Args) -> Result<Vec<u64>, CmdError> {
     if model.signature().inputs.is_empty() {
         // Check once that the identity model echoes what it was sent.
         let same = first.outputs.len() == tensors.len()
-            && first.outputs.iter().zip(&tensors).all(|(o, t)| o.bytes() == t.data);
+            && first
+                .outputs
+                .iter()
+                .zip(&tensors)
+                .all(|(o, t)| o.bytes() == t.data);
         if !same {
             return Err("the identity model did not return the tensors it was sent".into());
         }
@@ -202,7 +213,11 @@ fn ping_local(a: &Args) -> Result<Vec<u64>, CmdError> {
             .into_iter()
             .find(|m| m.name == a.model)
             .ok_or_else(|| format!("--connect local needs --load {}=PATH.onnx", a.model))?;
-        Box::new(engine::OrtBackend::load(&m.name, &m.path, &engine::OrtOptions::default())?)
+        Box::new(engine::OrtBackend::load(
+            &m.name,
+            &m.path,
+            &engine::OrtOptions::default(),
+        )?)
     };
     let inputs = make_inputs(a, backend.signature())?;
     let views: Vec<engine::TensorView<'_>> = inputs
@@ -216,7 +231,10 @@ fn ping_local(a: &Args) -> Result<Vec<u64>, CmdError> {
 }
 
 /// Runs `warmup + iterations` calls of `call`, timing the last `iterations`.
-fn time_loop(a: &Args, mut call: impl FnMut() -> Result<(), CmdError>) -> Result<Vec<u64>, CmdError> {
+fn time_loop(
+    a: &Args,
+    mut call: impl FnMut() -> Result<(), CmdError>,
+) -> Result<Vec<u64>, CmdError> {
     let mut samples = Vec::with_capacity(a.iterations);
     for i in 0..a.warmup + a.iterations {
         let t = Instant::now();

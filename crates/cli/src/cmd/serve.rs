@@ -61,7 +61,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         cfg.limits.max_payload = n;
     }
     if cfg.listen.is_empty() {
-        return Err("nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into());
+        return Err(
+            "nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into(),
+        );
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -70,7 +72,12 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     let agent = Agent::start(cfg)?;
     for m in agent.core().registry.iter() {
         let s = m.signature();
-        eprintln!("tensorwire agent: model {} (id {}) {}", s.name, m.id, describe(s));
+        eprintln!(
+            "tensorwire agent: model {} (id {}) {}",
+            s.name,
+            m.id,
+            describe(s)
+        );
     }
     for ep in agent.endpoints() {
         // One line per endpoint on stdout, so scripts can wait for readiness.
@@ -81,7 +88,10 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!("tensorwire agent: shutting down (in-flight requests get {}s to finish)", a.grace);
+    eprintln!(
+        "tensorwire agent: shutting down (in-flight requests get {}s to finish)",
+        a.grace
+    );
     let unfinished = agent.shutdown(Duration::from_secs(a.grace));
     if unfinished > 0 {
         eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
