@@ -94,7 +94,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         return Err("-n must be at least 1".into());
     }
     let nodelay = parse_flag01(&a.nodelay, "--nodelay")?;
-    let (target, samples) = match &a.raw {
+    // (target, samples, request bytes on the wire, tensor bytes)
+    let (target, samples, msg_bytes, tensor_bytes) = match &a.raw {
         Some(kind) => {
             let kind = match kind.as_str() {
                 "unix" => RawKind::Unix,
@@ -118,30 +119,51 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             if a.split_writes {
                 name.push_str("+split-writes");
             }
-            (name, raw::run_raw_ping(&opts, Some(&cmd))?)
+            (
+                name,
+                raw::run_raw_ping(&opts, Some(&cmd))?,
+                request_bytes(a.size),
+                a.size,
+            )
         }
         None => {
             if a.split_writes || !nodelay {
                 return Err("--split-writes and --nodelay apply to --raw; for tensorwire use tcp://host:port?nodelay=0".into());
             }
-            let samples = if a.connect == "local" {
+            let (samples, inputs) = if a.connect == "local" {
                 ping_local(&a)?
             } else {
                 ping_tensorwire(&a)?
             };
-            (a.connect.clone(), samples)
+            let tensor_bytes: u64 = inputs.iter().map(|(_, _, b)| b.len() as u64).sum();
+            (
+                a.connect.clone(),
+                samples,
+                message_bytes(&inputs),
+                tensor_bytes,
+            )
         }
     };
     let s = summarize(&samples).ok_or("no samples")?;
-    print_summary(&target, &a, &s)
+    print_summary(&target, &a, &s, msg_bytes, tensor_bytes)
+}
+
+type Inputs = Vec<(DType, Vec<u64>, AlignedBuf)>;
+
+/// Bytes of the request carrying `inputs`: header, descriptors, aligned payload.
+fn message_bytes(inputs: &Inputs) -> u64 {
+    let desc: u64 = inputs
+        .iter()
+        .map(|(_, s, _)| (DESC_FIXED_LEN + 8 * s.len()) as u64)
+        .sum();
+    let payload = wire::layout_payload(inputs.iter().map(|(_, _, b)| b.len() as u64))
+        .map_or(0, |(_, len)| len);
+    HEADER_LEN as u64 + desc + payload
 }
 
 /// Inputs for one request: identity gets one u8 tensor of `--size` bytes
 /// (none for 0); other models get seeded random tensors from their signature.
-fn make_inputs(
-    a: &Args,
-    sig: &wire::ModelSignature,
-) -> Result<Vec<(DType, Vec<u64>, AlignedBuf)>, CmdError> {
+fn make_inputs(a: &Args, sig: &wire::ModelSignature) -> Result<Inputs, CmdError> {
     if sig.inputs.is_empty() {
         if a.size == 0 {
             return Ok(Vec::new());
@@ -174,7 +196,7 @@ fn make_inputs(
     Ok(out)
 }
 
-fn ping_tensorwire(a: &Args) -> Result<Vec<u64>, CmdError> {
+fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
     let c = connect(&a.connect, &parse_models(&a.load)?, Default::default())?;
     let model = c.client.model(&a.model)?;
     let inputs = make_inputs(a, model.signature())?;
@@ -195,17 +217,19 @@ fn ping_tensorwire(a: &Args) -> Result<Vec<u64>, CmdError> {
             return Err("the identity model did not return the tensors it was sent".into());
         }
     }
-    time_loop(a, || {
+    let samples = time_loop(a, || {
         let r = model.infer(&tensors)?;
         if r.outputs.len() != first.outputs.len() {
             return Err("the model returned a different number of outputs".into());
         }
         Ok(())
-    })
+    })?;
+    drop(tensors);
+    Ok((samples, inputs))
 }
 
 /// The engine called directly: no agent, no transport, no copies.
-fn ping_local(a: &Args) -> Result<Vec<u64>, CmdError> {
+fn ping_local(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
     let backend: Box<dyn engine::Backend> = if a.model == engine::IdentityBackend::NAME {
         Box::new(engine::IdentityBackend::new())
     } else {
@@ -224,10 +248,12 @@ fn ping_local(a: &Args) -> Result<Vec<u64>, CmdError> {
         .iter()
         .map(|(d, s, b)| engine::TensorView::new(*d, s, b))
         .collect();
-    time_loop(a, || {
+    let samples = time_loop(a, || {
         backend.run(&views)?;
         Ok(())
-    })
+    })?;
+    drop(views);
+    Ok((samples, inputs))
 }
 
 /// Runs `warmup + iterations` calls of `call`, timing the last `iterations`.
@@ -247,14 +273,20 @@ fn time_loop(
     Ok(samples)
 }
 
-fn print_summary(target: &str, a: &Args, s: &Summary) -> Result<(), CmdError> {
+fn print_summary(
+    target: &str,
+    a: &Args,
+    s: &Summary,
+    msg_bytes: u64,
+    tensor_bytes: u64,
+) -> Result<(), CmdError> {
     if a.json {
         let mut v = serde_json::to_value(s)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("target".into(), target.into());
             o.insert("model".into(), a.model.clone().into());
-            o.insert("size_bytes".into(), a.size.into());
-            o.insert("message_bytes".into(), request_bytes(a.size).into());
+            o.insert("tensor_bytes".into(), tensor_bytes.into());
+            o.insert("message_bytes".into(), msg_bytes.into());
             o.insert("warmup".into(), a.warmup.into());
         }
         println!("{v}");
@@ -263,8 +295,8 @@ fn print_summary(target: &str, a: &Args, s: &Summary) -> Result<(), CmdError> {
             "{target} [{}]: {} round trips of {} B (tensor {} B), warm-up {}: min {:.2} p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} mean {:.2} µs",
             if a.raw.is_some() { "no framework" } else { a.model.as_str() },
             s.count,
-            request_bytes(a.size),
-            a.size,
+            msg_bytes,
+            tensor_bytes,
             a.warmup,
             s.min_us,
             s.p50_us,
