@@ -454,22 +454,39 @@ impl Inner {
         let r = self.read_frame(s);
         let mut sh = lock(&s.shared);
         sh.reading = false;
-        match r {
-            Ok(f) => self.stash(&mut sh, f),
-            Err(RecvError::TimedOut) => {}
-            Err(e) => {
-                sh.dead.get_or_insert(e.to_string());
-            }
-        }
+        self.absorb(&mut sh, r);
         s.cv.notify_all();
         Ok(())
     }
 
-    fn stash(&self, sh: &mut Shared, f: Frame) {
-        let id = f.header.request_id;
-        sh.pending.remove(&id);
-        if !sh.abandoned.remove(&id) {
-            sh.completed.insert(id, f);
+    /// Files what a read produced: a frame under its request id (dropped if
+    /// its caller gave up), or a session-level error or failure as the end
+    /// of the session.
+    fn absorb(&self, sh: &mut Shared, r: Result<Frame, RecvError>) {
+        match r {
+            Ok(f) if f.header.kind == Kind::Error && f.header.request_id == 0 => {
+                // A session-level error: the agent closes the connection.
+                let msg = decode_error_body(&f.desc).unwrap_or_default();
+                sh.dead.get_or_insert(format!(
+                    "agent closed the session ({}): {msg}",
+                    f.header.status
+                ));
+            }
+            Ok(f) => {
+                let id = f.header.request_id;
+                sh.pending.remove(&id);
+                if !sh.abandoned.remove(&id) {
+                    sh.completed.insert(id, f);
+                }
+            }
+            Err(RecvError::TimedOut) => {}
+            Err(RecvError::Closed) => {
+                sh.dead
+                    .get_or_insert(format!("{} closed the connection", self.uri));
+            }
+            Err(e) => {
+                sh.dead.get_or_insert(e.to_string());
+            }
         }
     }
 
@@ -510,9 +527,8 @@ impl Inner {
             }
             let now = Instant::now();
             if now >= deadline {
-                if sh.pending.contains(&id) {
-                    sh.abandoned.insert(id);
-                }
+                // Its answer may still come: drop it then (control calls too).
+                sh.abandoned.insert(id);
                 return Err(ClientError::Timeout(self.opts.timeout));
             }
             if sh.reading {
@@ -528,26 +544,13 @@ impl Inner {
             sh = lock(&s.shared);
             sh.reading = false;
             match r {
-                Ok(f) if f.header.kind == Kind::Error && f.header.request_id == 0 => {
-                    // A session-level error: the agent closes the connection.
-                    let msg = decode_error_body(&f.desc).unwrap_or_default();
-                    sh.dead = Some(format!(
-                        "agent closed the session ({}): {msg}",
-                        f.header.status
-                    ));
-                }
-                Ok(f) if f.header.request_id == id => {
+                Ok(f) if f.header.request_id == id && id != 0 => {
                     sh.pending.remove(&id);
                     // Another waiter may be parked until the reader role is free.
                     s.cv.notify_all();
                     return Ok(f);
                 }
-                Ok(f) => self.stash(&mut sh, f),
-                Err(RecvError::TimedOut) => {}
-                Err(RecvError::Closed) => {
-                    sh.dead = Some(format!("{} closed the connection", self.uri));
-                }
-                Err(e) => sh.dead = Some(e.to_string()),
+                other => self.absorb(&mut sh, other),
             }
             s.cv.notify_all();
         }

@@ -65,7 +65,11 @@ pub fn serve(core: Arc<AgentCore>, mut conn: StreamConn) {
                 }
             }
         } else {
-            send(&conn, &core.control(&h, &desc, &limits), &[])
+            // A Response sent the wrong way is the only other kind that may
+            // carry a payload (header rule 7): skip it, so that the stream
+            // stays in sync after the `unknown-kind` answer.
+            conn.skip_payload(h.payload_len).is_ok()
+                && send(&conn, &core.control(&h, &desc, &limits), &[])
         };
         if !ok {
             return;
