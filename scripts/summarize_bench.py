@@ -1,58 +1,59 @@
 """Summarises scripts/bench-core.sh's results.jsonl as Markdown tables.
 
-For each configuration: the median over repeats of p50 and p99 (µs), the
-spread of p50 over repeats [min–max], and ratios against the baseline of its
-group measured in the same run (raw floor of the same transport; the engine
-called directly for models).
+Per configuration: the median over repeats of p50 and p99 (µs), the spread of
+p50 over repeats [min–max], and — for configurations with a baseline — the
+ratio to the baseline measured in the same repeat (raw floor of the same
+transport and placement; the engine called directly for models), as the
+median of the per-repeat ratios with their spread.
 """
 import json
 import statistics
 import sys
 from collections import OrderedDict
 
+BASELINE = {
+    "tensorwire unix": "raw unix",
+    "tensorwire tcp": "raw tcp",
+    "tensorwire tcp?nodelay=0": "raw tcp",
+    "digits inproc": "digits local (engine, no transport)",
+    "digits unix": "digits local (engine, no transport)",
+    "digits tcp": "digits local (engine, no transport)",
+}
+TITLES = {
+    "unpinned": "Empty request (64 B each way) through `identity`, processes unpinned",
+    "same-core": "Empty request, agent and client pinned to the same core",
+    "cross-core": "Empty request, agent (and raw echo peer) on CPU 0, client on CPU 1",
+    "nagle": "Nagle: a message written in two parts vs tensorwire's one vectored write (32 B tensor)",
+    "model": "digits MLP (ONNX Runtime, batch 1): engine called directly vs through each transport",
+}
+
 
 def main() -> None:
-    rows: "OrderedDict[tuple[str, str], list[dict]]" = OrderedDict()
+    runs: "OrderedDict[tuple[str, str], dict[int, dict]]" = OrderedDict()
     for line in open(sys.argv[1]):
         r = json.loads(line)
-        rows.setdefault((r["group"], r["label"]), []).append(r)
-
-    def med(group: str, label: str, key: str) -> float:
-        return statistics.median(r[key] for r in rows[(group, label)])
-
-    baseline = {
-        "tensorwire unix": ("empty", "raw unix"),
-        "tensorwire tcp": ("empty", "raw tcp"),
-        "tensorwire tcp?nodelay=0": ("empty", "raw tcp"),
-        "tensorwire inproc": None,
-        "digits inproc": ("model", "digits local (engine, no transport)"),
-        "digits unix": ("model", "digits local (engine, no transport)"),
-        "digits tcp": ("model", "digits local (engine, no transport)"),
-    }
-    groups = {
-        "empty": "Empty request (64 B header each way) through `identity`",
-        "nagle": "Nagle: a message written in two parts vs one vectored write",
-        "model": "digits MLP (ONNX Runtime, batch 1): engine called directly vs through each transport",
-    }
-    for g, title in groups.items():
+        runs.setdefault((r["group"], r["label"]), {})[r["repeat"]] = r
+    for group, title in TITLES.items():
+        rows = [(label, reps) for (g, label), reps in runs.items() if g == group]
+        if not rows:
+            continue
         print(f"\n### {title}\n")
-        print("| configuration | n × repeats | p50 µs (median) | p50 spread | p99 µs (median) | mean µs | vs baseline (p50) | tax µs (p50) |")
-        print("|---|---|---|---|---|---|---|---|")
-        for (group, label), rs in rows.items():
-            if group != g:
-                continue
-            p50s = [r["p50_us"] for r in rs]
-            base = baseline.get(label)
-            ratio = tax = ""
-            if base and base in rows:
-                b = med(*base, "p50_us")
-                ratio = f"{statistics.median(p50s) / b:.2f}× {base[1].split(' (')[0]}"
-                tax = f"{statistics.median(p50s) - b:+.1f}"
-            print(
-                f"| {label} | {rs[0]['count']} × {len(rs)} | {statistics.median(p50s):.2f} | "
-                f"{min(p50s):.2f}–{max(p50s):.2f} | {med(group, label, 'p99_us'):.2f} | "
-                f"{med(group, label, 'mean_us'):.2f} | {ratio} | {tax} |"
-            )
+        print("| configuration | n × repeats | p50 µs | p50 spread | p99 µs | vs baseline, same repeat (p50 ratio, spread) | tax µs (p50) |")
+        print("|---|---|---|---|---|---|---|")
+        for label, reps in rows:
+            p50s = [r["p50_us"] for r in reps.values()]
+            p99 = statistics.median(r["p99_us"] for r in reps.values())
+            cmp = tax = ""
+            base = runs.get((group, BASELINE.get(label, "")))
+            if base:
+                pairs = [(reps[k]["p50_us"], base[k]["p50_us"]) for k in reps if k in base]
+                ratios = [a / b for a, b in pairs]
+                cmp = (f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) "
+                       f"{BASELINE[label].split(' (')[0]}")
+                tax = f"{statistics.median(a - b for a, b in pairs):+.1f}"
+            n = next(iter(reps.values()))["count"]
+            print(f"| {label} | {n} × {len(reps)} | {statistics.median(p50s):.2f} | "
+                  f"{min(p50s):.2f}–{max(p50s):.2f} | {p99:.2f} | {cmp} | {tax} |")
 
 
 if __name__ == "__main__":

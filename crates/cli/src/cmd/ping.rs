@@ -43,6 +43,15 @@ pub struct Args {
     /// --raw only: send each message as two writes (64-byte header, then body).
     #[arg(long)]
     split_writes: bool,
+    /// --raw only: pin the echo peer process to this CPU (pin the client with
+    /// `taskset`), so the floor is measured with the same placement as the
+    /// agent it is compared with: a cross-core wake-up costs ~5 µs here.
+    #[arg(long, value_name = "CPU")]
+    peer_cpu: Option<usize>,
+    /// Ask the agent for every request's timeline and print the median time
+    /// of each stage (client → agent, payload, queue, compute, agent → client).
+    #[arg(long)]
+    stages: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -66,6 +75,9 @@ pub struct EchoArgs {
     /// Answer with two writes.
     #[arg(long)]
     split_writes: bool,
+    /// Pin this process to one CPU.
+    #[arg(long)]
+    cpu: Option<usize>,
 }
 
 fn parse_flag01(s: &str, what: &str) -> Result<bool, CmdError> {
@@ -112,6 +124,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             };
             let mut cmd = Command::new(std::env::current_exe()?);
             cmd.arg("raw-echo");
+            if let Some(cpu) = a.peer_cpu {
+                cmd.args(["--cpu", &cpu.to_string()]);
+            }
             let mut name = format!("raw-{kind}");
             if kind == RawKind::Tcp && !nodelay {
                 name.push_str("?nodelay=0");
@@ -127,8 +142,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             )
         }
         None => {
-            if a.split_writes || !nodelay {
-                return Err("--split-writes and --nodelay apply to --raw; for tensorwire use tcp://host:port?nodelay=0".into());
+            if a.split_writes || !nodelay || a.peer_cpu.is_some() {
+                return Err("--split-writes, --nodelay and --peer-cpu apply to --raw; for tensorwire use tcp://host:port?nodelay=0 and taskset".into());
             }
             let (samples, inputs) = if a.connect == "local" {
                 ping_local(&a)?
@@ -197,7 +212,11 @@ fn make_inputs(a: &Args, sig: &wire::ModelSignature) -> Result<Inputs, CmdError>
 }
 
 fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
-    let c = connect(&a.connect, &parse_models(&a.load)?, Default::default())?;
+    let opts = client::ClientOptions {
+        want_timeline: a.stages,
+        ..Default::default()
+    };
+    let c = connect(&a.connect, &parse_models(&a.load)?, opts)?;
     let model = c.client.model(&a.model)?;
     let inputs = make_inputs(a, model.signature())?;
     let tensors: Vec<TensorRef<'_>> = inputs
@@ -217,13 +236,20 @@ fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
             return Err("the identity model did not return the tensors it was sent".into());
         }
     }
+    let mut stages = StageTimes::default();
     let samples = time_loop(a, || {
         let r = model.infer(&tensors)?;
         if r.outputs.len() != first.outputs.len() {
             return Err("the model returned a different number of outputs".into());
         }
+        if let Some(tl) = &r.timeline {
+            stages.add(r.client_start_ns, tl, r.client_done_ns);
+        }
         Ok(())
     })?;
+    if a.stages {
+        stages.print(a.warmup);
+    }
     drop(tensors);
     Ok((samples, inputs))
 }
@@ -254,6 +280,58 @@ fn ping_local(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
     })?;
     drop(views);
     Ok((samples, inputs))
+}
+
+/// Per-request stage durations (ns), from the client's stamps and the agent's
+/// timeline (both `CLOCK_MONOTONIC`, so comparable on one machine).
+#[derive(Default)]
+struct StageTimes {
+    rows: Vec<[u64; 7]>,
+}
+
+impl StageTimes {
+    const NAMES: [&'static str; 7] = [
+        "client → agent (encode, send, wake, header read)",
+        "payload into place",
+        "checks until queued",
+        "queue wait",
+        "compute",
+        "response build",
+        "agent → client (send, wake, read, decode)",
+    ];
+
+    fn add(&mut self, start: u64, tl: &wire::Timeline, done: u64) {
+        use wire::Stage::*;
+        let g = |s| tl.get(s);
+        let points = [
+            start,
+            g(Received),
+            g(PayloadInPlace),
+            g(Queued),
+            g(ComputeStart),
+            g(ComputeEnd),
+            g(ResponseSent),
+            done,
+        ];
+        let mut row = [0u64; 7];
+        for (i, w) in points.windows(2).enumerate() {
+            row[i] = w[1].saturating_sub(w[0]);
+        }
+        self.rows.push(row);
+    }
+
+    fn print(&self, warmup: usize) {
+        let rows = self.rows.get(warmup..).unwrap_or(&[]);
+        if rows.is_empty() {
+            return;
+        }
+        println!("stages (median of {} requests, µs):", rows.len());
+        for (i, name) in Self::NAMES.iter().enumerate() {
+            let mut v: Vec<u64> = rows.iter().map(|r| r[i]).collect();
+            v.sort_unstable();
+            println!("  {:<50} {:>8.2}", name, v[v.len() / 2] as f64 / 1e3);
+        }
+    }
 }
 
 /// Runs `warmup + iterations` calls of `call`, timing the last `iterations`.
@@ -316,6 +394,9 @@ pub fn run_echo(a: EchoArgs) -> Result<(), CmdError> {
         (None, Some(t)) => (RawKind::Tcp, t),
         _ => return Err("raw-echo needs exactly one of --unix PATH or --tcp ADDR".into()),
     };
+    if let Some(cpu) = a.cpu {
+        pin_to_cpu(cpu)?;
+    }
     raw::serve_raw_echo(&EchoOptions {
         kind,
         addr,
@@ -323,5 +404,17 @@ pub fn run_echo(a: EchoArgs) -> Result<(), CmdError> {
         nodelay: parse_flag01(&a.nodelay, "--nodelay")?,
         split_writes: a.split_writes,
     })?;
+    Ok(())
+}
+
+/// Restricts this process to one CPU.
+fn pin_to_cpu(cpu: usize) -> Result<(), CmdError> {
+    if cpu >= rustix::thread::CpuSet::MAX_CPU {
+        return Err(format!("--cpu {cpu} is out of range").into());
+    }
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)
+        .map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
     Ok(())
 }
