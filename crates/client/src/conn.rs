@@ -293,26 +293,8 @@ impl Model {
         let sig = &self.info.signature;
         // The identity model (empty signature) takes anything.
         if !sig.inputs.is_empty() {
-            if inputs.len() != sig.inputs.len() {
-                return Err(ClientError::InvalidInput(format!(
-                    "model '{}' takes {} inputs, got {}",
-                    sig.name,
-                    sig.inputs.len(),
-                    inputs.len()
-                )));
-            }
-            for (spec, t) in sig.inputs.iter().zip(inputs) {
-                if !spec.accepts(t.dtype, t.shape) {
-                    return Err(ClientError::InvalidInput(format!(
-                        "model '{}' input '{}' must be {}, got {}{:?}",
-                        sig.name,
-                        spec.name,
-                        spec.describe(),
-                        t.dtype,
-                        t.shape
-                    )));
-                }
-            }
+            sig.check_inputs(inputs.iter().map(|t| (t.dtype, t.shape)))
+                .map_err(ClientError::InvalidInput)?;
         }
         let limits = inner.limits;
         if inputs.len() > limits.max_tensors as usize {

@@ -95,27 +95,8 @@ pub fn check_against_signature(
     sig: &ModelSignature,
     inputs: &[(DType, &[u64])],
 ) -> Result<(), EngineError> {
-    if inputs.len() != sig.inputs.len() {
-        return Err(EngineError::InvalidInput(format!(
-            "model '{}' takes {} inputs, got {}",
-            sig.name,
-            sig.inputs.len(),
-            inputs.len()
-        )));
-    }
-    for (spec, &(dtype, shape)) in sig.inputs.iter().zip(inputs) {
-        if !spec.accepts(dtype, shape) {
-            return Err(EngineError::InvalidInput(format!(
-                "model '{}' input '{}' must be {}, got {}{:?}",
-                sig.name,
-                spec.name,
-                spec.describe(),
-                dtype,
-                shape
-            )));
-        }
-    }
-    Ok(())
+    sig.check_inputs(inputs.iter().copied())
+        .map_err(EngineError::InvalidInput)
 }
 
 #[cfg(test)]

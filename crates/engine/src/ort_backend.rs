@@ -264,29 +264,13 @@ impl OrtBackend {
         f: impl FnOnce(&[SessionInputValue<'_>]) -> Result<R, EngineError>,
     ) -> Result<R, EngineError> {
         let sig = &self.signature;
-        if inputs.len() != sig.inputs.len() {
-            return Err(EngineError::InvalidInput(format!(
-                "model '{}' takes {} inputs, got {}",
-                sig.name,
-                sig.inputs.len(),
-                inputs.len()
-            )));
-        }
+        // Callers check the signature first; checking again is a few
+        // comparisons, and keeps a bad input from reaching ONNX Runtime.
+        sig.check_inputs(inputs.iter().map(|t| (t.dtype, t.shape)))
+            .map_err(EngineError::InvalidInput)?;
         // Inputs whose bytes are misaligned for their dtype are copied once, here.
         let mut realigned: Vec<Option<AlignedBuf>> = Vec::with_capacity(inputs.len());
         for (spec, t) in sig.inputs.iter().zip(inputs) {
-            // Callers check the signature first; checking again is a few
-            // comparisons, and keeps a bad input from reaching ONNX Runtime.
-            if !spec.accepts(t.dtype, t.shape) {
-                return Err(EngineError::InvalidInput(format!(
-                    "model '{}' input '{}' must be {}, got {}{:?}",
-                    sig.name,
-                    spec.name,
-                    spec.describe(),
-                    t.dtype,
-                    t.shape
-                )));
-            }
             let expected = byte_len(t.dtype, t.shape);
             if expected != Some(t.data.len()) {
                 return Err(EngineError::InvalidInput(format!(

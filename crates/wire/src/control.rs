@@ -156,6 +156,37 @@ fn put_name(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(n);
 }
 
+impl ModelSignature {
+    /// Checks tensors (dtype and shape, in order) against the inputs: their
+    /// count, and each one's dtype and shape. The error names the first
+    /// offending tensor and what the model expects. The one check every
+    /// layer (client, agent, engine) uses.
+    pub fn check_inputs<'a>(
+        &self,
+        inputs: impl ExactSizeIterator<Item = (DType, &'a [u64])>,
+    ) -> Result<(), String> {
+        if inputs.len() != self.inputs.len() {
+            return Err(format!(
+                "model '{}' takes {} inputs, got {}",
+                self.name,
+                self.inputs.len(),
+                inputs.len()
+            ));
+        }
+        for (spec, (dtype, shape)) in self.inputs.iter().zip(inputs) {
+            if !spec.accepts(dtype, shape) {
+                return Err(format!(
+                    "model '{}' input '{}' must be {}, got {dtype}{shape:?}",
+                    self.name,
+                    spec.name,
+                    spec.describe(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Appends a signature's encoding to `out`.
 pub fn encode_signature(sig: &ModelSignature, out: &mut Vec<u8>) {
     put_name(out, &sig.name);
