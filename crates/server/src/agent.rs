@@ -95,7 +95,7 @@ impl Agent {
     /// tests with custom backends).
     pub fn with_registry(cfg: AgentConfig, registry: ModelRegistry) -> Result<Agent, AgentError> {
         cfg.validate()?;
-        let core = Arc::new(AgentCore::new(registry, cfg.limits));
+        let core = Arc::new(AgentCore::new(registry, cfg.limits, cfg.max_total_payload));
         let conns = Arc::new(ConnTable::default());
         // Bind everything first, so a failure starts nothing.
         let mut listeners = Vec::new();

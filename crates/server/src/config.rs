@@ -16,6 +16,7 @@
 //! max_payload = 268435456
 //! max_desc_len = 65536
 //! max_connections = 1024   # agent-wide
+//! max_total_payload = 2147483648  # agent-wide: request payload bytes held at once
 //! stall_timeout_ms = 30000 # a peer silent this long mid-message is dropped
 //! ```
 
@@ -89,6 +90,7 @@ struct LimitsFile {
     max_payload: Option<u64>,
     max_desc_len: Option<u32>,
     max_connections: Option<usize>,
+    max_total_payload: Option<u64>,
     stall_timeout_ms: Option<u64>,
 }
 
@@ -120,6 +122,9 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// Most connections open at once, agent-wide.
     pub max_connections: usize,
+    /// Most request payload bytes held by requests in flight at once,
+    /// agent-wide (a request over it is refused with `limit-exceeded`).
+    pub max_total_payload: u64,
     /// How long a peer may stall in the middle of a message before its
     /// connection is dropped (also bounds a blocked response write).
     pub stall_timeout: Duration,
@@ -134,6 +139,7 @@ impl Default for AgentConfig {
             inter_threads: 1,
             limits: Limits::default(),
             max_connections: 1024,
+            max_total_payload: 2 << 30,
             stall_timeout: Duration::from_secs(30),
         }
     }
@@ -188,6 +194,7 @@ impl AgentConfig {
         d.max_payload = l.max_payload.unwrap_or(d.max_payload);
         d.max_desc_len = l.max_desc_len.unwrap_or(d.max_desc_len);
         cfg.max_connections = l.max_connections.unwrap_or(cfg.max_connections);
+        cfg.max_total_payload = l.max_total_payload.unwrap_or(cfg.max_total_payload);
         if let Some(ms) = l.stall_timeout_ms {
             cfg.stall_timeout = Duration::from_millis(ms);
         }
@@ -226,6 +233,12 @@ impl AgentConfig {
             return bad(format!(
                 "max_desc_len must be 256..=16777216, not {}",
                 l.max_desc_len
+            ));
+        }
+        if self.max_total_payload < l.max_payload {
+            return bad(format!(
+                "max_total_payload ({}) must be at least max_payload ({})",
+                self.max_total_payload, l.max_payload
             ));
         }
         if self.max_connections == 0 {

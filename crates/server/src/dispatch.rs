@@ -97,12 +97,14 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// Counts a request as in flight until dropped (after its reply is sent).
+/// Counts a request as in flight, and holds its share of the payload
+/// budget, until dropped (after its reply is sent).
 #[derive(Debug)]
-struct InFlight<'a>(&'a AgentCore);
+struct InFlight<'a>(&'a AgentCore, u64);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        self.0.payload_budget.fetch_add(self.1, Ordering::AcqRel);
         if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
             && self.0.closing.load(Ordering::Acquire)
         {
@@ -134,13 +136,16 @@ pub struct AgentCore {
     pub pool: Arc<BufPool>,
     closing: AtomicBool,
     in_flight: AtomicUsize,
+    /// Payload bytes that requests in flight may still hold, agent-wide.
+    payload_budget: AtomicU64,
     drain_lock: Mutex<()>,
     drain_cv: Condvar,
 }
 
 impl AgentCore {
-    /// A core serving `registry` under `limits`.
-    pub fn new(registry: ModelRegistry, limits: Limits) -> AgentCore {
+    /// A core serving `registry` under `limits`, with at most
+    /// `payload_budget` payload bytes held by requests in flight at once.
+    pub fn new(registry: ModelRegistry, limits: Limits, payload_budget: u64) -> AgentCore {
         AgentCore {
             registry,
             limits,
@@ -148,6 +153,7 @@ impl AgentCore {
             pool: BufPool::new(POOL_BYTES, POOL_BUFS),
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            payload_budget: AtomicU64::new(payload_budget),
             drain_lock: Mutex::new(()),
             drain_cv: Condvar::new(),
         }
@@ -296,6 +302,24 @@ impl AgentCore {
             .backend
             .check_inputs(&metas)
             .map_err(|e| self.fail(Reply::error(id, Status::InvalidInput, &e.to_string())))?;
+        // Reserve the payload's bytes before any are read: memory held by
+        // requests is bounded agent-wide, not only per connection.
+        let want = h.payload_len;
+        let reserved =
+            self.payload_budget
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                    left.checked_sub(want)
+                });
+        if reserved.is_err() {
+            return Err(self.fail(Reply::error(
+                id,
+                Status::LimitExceeded,
+                &format!(
+                    "the agent is holding its maximum of request payload bytes in flight; \
+                     a {want}-byte request cannot be taken now (retry later)"
+                ),
+            )));
+        }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(Prepared {
             model,
@@ -303,7 +327,7 @@ impl AgentCore {
             request_id: id,
             want_timeline: h.flags & flags::WANT_TIMELINE != 0,
             limits: *limits,
-            _in_flight: InFlight(self),
+            _in_flight: InFlight(self, want),
         })
     }
 
@@ -412,5 +436,50 @@ impl AgentCore {
     pub fn fail(&self, r: Reply) -> Reply {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::DType;
+
+    fn request(len: u64) -> (Header, Vec<u8>) {
+        let t = TensorDesc {
+            dtype: DType::U8,
+            shape: vec![len],
+            offset: 0,
+            len,
+        };
+        let mut desc = Vec::new();
+        encode_tensor_section(&[t], None, &mut desc);
+        let mut h = Header::new(Kind::Request);
+        h.request_id = 1;
+        h.tensor_count = 1;
+        h.desc_len = desc.len() as u32;
+        h.payload_len = len;
+        (h, desc)
+    }
+
+    #[test]
+    fn payload_budget_bounds_bytes_in_flight_agent_wide() {
+        let core = AgentCore::new(ModelRegistry::with_identity(), Limits::default(), 1000);
+        let (h, d) = request(600);
+        let first = core.prepare(&h, &d, &core.limits).expect("fits the budget");
+        let refused = core
+            .prepare(&h, &d, &core.limits)
+            .expect_err("over the budget");
+        assert_eq!(refused.header.status, Status::LimitExceeded);
+        assert_eq!(core.in_flight(), 1);
+        let (small, sd) = request(400);
+        let second = core
+            .prepare(&small, &sd, &core.limits)
+            .expect("what is left fits");
+        drop((first, second));
+        assert_eq!(core.in_flight(), 0);
+        assert!(
+            core.prepare(&h, &d, &core.limits).is_ok(),
+            "budget returned on drop"
+        );
     }
 }

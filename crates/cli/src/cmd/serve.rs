@@ -31,6 +31,9 @@ pub struct Args {
     /// Largest request payload in bytes.
     #[arg(long)]
     max_payload: Option<u64>,
+    /// Most request payload bytes held by requests in flight, agent-wide.
+    #[arg(long)]
+    max_total_payload: Option<u64>,
     /// Seconds in-flight requests get to finish on shutdown.
     #[arg(long, default_value_t = 30)]
     grace: u64,
@@ -59,6 +62,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     }
     if let Some(n) = a.max_payload {
         cfg.limits.max_payload = n;
+    }
+    if let Some(n) = a.max_total_payload {
+        cfg.max_total_payload = n;
     }
     if cfg.listen.is_empty() {
         return Err(
