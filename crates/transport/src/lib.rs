@@ -15,6 +15,7 @@ mod endpoint;
 mod error;
 pub mod inproc;
 mod listener;
+pub mod shm;
 mod stream;
 
 pub use endpoint::Endpoint;

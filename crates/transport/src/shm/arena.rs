@@ -1,0 +1,155 @@
+//! [`Arena`]: a memfd mapped shared, sealed so that its size can never change.
+//!
+//! The creator makes it (`memfd_create`), sizes it, seals it against growing
+//! and shrinking (a peer that could shrink it would make our next access a
+//! SIGBUS), and passes the fd to exactly one peer. The receiver checks the
+//! seals before mapping it.
+
+use memmap2::{MmapMut, MmapOptions};
+use rustix::fs::{
+    fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, MemfdFlags, SealFlags,
+};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// The seals every arena carries.
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+
+/// A shared, fixed-size memory region backed by a sealed memfd.
+#[derive(Debug)]
+pub struct Arena {
+    map: MmapMut,
+    fd: OwnedFd,
+}
+
+impl Arena {
+    /// Creates a zeroed arena of `len` bytes (a multiple of the page size is
+    /// sensible), sealed against resizing. `name` only shows in /proc.
+    pub fn create(name: &str, len: usize) -> io::Result<Arena> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an arena needs a size",
+            ));
+        }
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        ftruncate(&fd, len as u64)?;
+        fcntl_add_seals(&fd, SEALS)?;
+        Arena::map(fd, len)
+    }
+
+    /// Maps an arena received from a peer, after checking that it is sealed
+    /// against shrinking and growing (so its size is what `fstat` says, now
+    /// and later) and, if given, that its size is `expect_len`.
+    pub fn open(fd: OwnedFd, expect_len: Option<usize>) -> io::Result<Arena> {
+        let seals = fcntl_get_seals(&fd)?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the arena is not sealed against resizing",
+            ));
+        }
+        let len = usize::try_from(fstat(&fd)?.st_size)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "arena size is negative"))?;
+        if expect_len.is_some_and(|e| e != len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the arena is {len} bytes, expected {expect_len:?}"),
+            ));
+        }
+        Arena::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> io::Result<Arena> {
+        let file = File::from(fd);
+        // SAFETY: the memfd is sealed against shrinking (checked or set by
+        // the callers), so the mapping stays backed for its whole life and
+        // no access can SIGBUS. The peer does modify the memory while it is
+        // mapped: that is the point of it; we only touch it through atomics
+        // (`atomic_u32`/`atomic_u64`) and through byte views whose contents
+        // we treat as untrusted.
+        let map = unsafe { MmapOptions::new().len(len).map_mut(&file)? };
+        Ok(Arena {
+            map,
+            fd: OwnedFd::from(file),
+        })
+    }
+
+    /// The arena's size in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the arena is empty (never: arenas have a size).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The memfd, to pass to the peer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Base address of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_ptr().cast_mut()
+    }
+
+    /// The `AtomicU32` at byte `offset` (must be 4-byte aligned and in bounds).
+    pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
+        assert!(
+            offset.is_multiple_of(4) && offset + 4 <= self.len(),
+            "bad atomic offset {offset}"
+        );
+        // SAFETY: in bounds and aligned (asserted); the mapping lives as long
+        // as `&self`; AtomicU32 has the layout of u32 and any bit pattern is
+        // a valid u32; all accesses to shared words go through atomics.
+        unsafe { &*self.as_ptr().add(offset).cast::<AtomicU32>() }
+    }
+
+    /// The `AtomicU64` at byte `offset` (must be 8-byte aligned and in bounds).
+    pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= self.len(),
+            "bad atomic offset {offset}"
+        );
+        // SAFETY: as for `atomic_u32`, with 8-byte alignment.
+        unsafe { &*self.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn create_seal_reopen_share() {
+        let a = Arena::create("tw-test", 1 << 16).unwrap();
+        assert_eq!(a.len(), 1 << 16);
+        // Resizing is refused by the seals.
+        assert!(ftruncate(a.fd(), 1 << 12).is_err());
+        assert!(ftruncate(a.fd(), 1 << 20).is_err());
+        let fd = a.fd().try_clone_to_owned().unwrap();
+        let b = Arena::open(fd, Some(1 << 16)).unwrap();
+        a.atomic_u64(64).store(0xfeed, Ordering::Release);
+        assert_eq!(
+            b.atomic_u64(64).load(Ordering::Acquire),
+            0xfeed,
+            "same memory"
+        );
+        let fd = a.fd().try_clone_to_owned().unwrap();
+        assert!(Arena::open(fd, Some(4096)).is_err(), "size checked");
+    }
+
+    #[test]
+    fn unsealed_memfd_is_refused() {
+        let fd = memfd_create("tw-unsealed", MemfdFlags::CLOEXEC).unwrap();
+        ftruncate(&fd, 4096).unwrap();
+        assert!(Arena::open(fd, None).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! Passing one file descriptor with a message over a Unix socket
+//! (`SCM_RIGHTS`): how a tenant receives its private arena without the arena
+//! ever having a name another process could open.
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+/// Sends `data` with `fd` attached, in one message.
+pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+    let fds = [fd];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    if !cmsg.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other(
+            "no room for the fd in the control message",
+        ));
+    }
+    let n = sendmsg(sock, &[IoSlice::new(data)], &mut cmsg, SendFlags::NOSIGNAL)?;
+    if n != data.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short send of the fd message",
+        ));
+    }
+    Ok(())
+}
+
+/// Receives one message into `buf`, with at most one attached fd. Extra fds
+/// (a misbehaving peer) are closed and make this an error.
+pub fn recv_with_fd(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let r = recvmsg(
+        sock,
+        &mut [IoSliceMut::new(buf)],
+        &mut cmsg,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut got: Vec<OwnedFd> = Vec::new();
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            got.extend(fds);
+        }
+    }
+    if r.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control message truncated",
+        ));
+    }
+    if got.len() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("peer sent {} fds, expected at most one", got.len()),
+        ));
+    }
+    Ok((r.bytes, got.pop()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::Arena;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn arena_travels_over_a_socket() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let arena = Arena::create("tw-pass", 8192).unwrap();
+        arena.atomic_u64(0).store(42, Ordering::Release);
+        send_with_fd(&a, b"hello", arena.fd()).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, fd) = recv_with_fd(&b, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        let peer = Arena::open(fd.unwrap(), Some(8192)).unwrap();
+        assert_eq!(peer.atomic_u64(0).load(Ordering::Acquire), 42);
+        // A plain message carries no fd.
+        use std::io::Write;
+        (&a).write_all(b"x").unwrap();
+        let (n, fd) = recv_with_fd(&b, &mut buf).unwrap();
+        assert_eq!((n, fd.is_none()), (1, true));
+    }
+}

@@ -1,0 +1,18 @@
+//! Building blocks of the shared-memory transport (`shm://`, not wired up
+//! yet): each tenant gets its own sealed memfd [`Arena`], passed over a Unix
+//! socket with `SCM_RIGHTS` ([`fdpass`]), so no other process can name or map
+//! it; control messages travel through single-producer/single-consumer
+//! [`Ring`]s of 64-byte slots inside it; a side with nothing to do sleeps on a
+//! [`futex`] word in the arena after spinning briefly.
+//!
+//! Everything the peer writes into the arena is untrusted: ring indices are
+//! checked before use, slots are copied out before they are validated, and
+//! tensor bytes are only ever read as bytes.
+
+pub mod arena;
+pub mod fdpass;
+pub mod futex;
+pub mod ring;
+
+pub use arena::Arena;
+pub use ring::{Ring, RingError, SLOT_LEN};
