@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The main job: set up everything on a fresh machine (Python venv with ONNX
-# Runtime, the models, the release binary), then call a real model through
-# tensorwire — first through the embedded agent (no server needed), then
-# through a real agent process over every transport — and measure each
-# transport's round trip next to a bare socket doing the same exchange.
+# Runtime, the models, the release binary), then reproduce the vAccel
+# experiment: the BERT-style tweet classifier (MiniLM-L6, real weights, a
+# zero-shot head) run in-process and through an agent over every transport,
+# with the RPC tax of each and a bit-exact check against in-process. Then the
+# smaller tour: the digits model through the embedded agent and an agent
+# process, and each transport's round trip next to a bare socket.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -12,6 +14,11 @@ bash scripts/setup.sh
 echo "== building the release binary"
 cargo build --release --locked -p tensorwire-cli
 TW="$ROOT/target/release/tensorwire"
+
+echo
+echo "== the tweet classifier: in-process vs through an agent on each transport"
+"$TW" classify -f examples/classifier/tweets.txt --compare "inproc,unix,tcp,tcp?nodelay=0"
+
 MODEL="digits=models/build/digits_mlp.onnx"
 SAMPLE=models/build/digits_sample.npy
 .venv/bin/python models/make_digits_sample.py "$SAMPLE"

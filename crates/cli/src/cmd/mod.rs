@@ -1,6 +1,7 @@
 //! The subcommands, one module each, plus what they share: connecting to an
 //! agent, or starting an embedded one when the URI is `inproc://`.
 
+pub mod classify;
 pub mod infer;
 pub mod models;
 pub mod ping;
