@@ -25,10 +25,40 @@ TITLES = {
     "cross-core": "Empty request, agent (and raw echo peer) on CPU 0, client on CPU 1",
     "nagle": "Nagle: a message written in two parts vs tensorwire's one vectored write (32 B tensor)",
     "model": "digits MLP (ONNX Runtime, batch 1): engine called directly vs through each transport",
+    "vision": "Vision models (ONNX Runtime, batch 1, 2 intra-op threads): engine called directly vs through each transport",
 }
 
 
+def baseline_of(group: str, label: str) -> str:
+    """The label of the baseline a row is compared with (same repeat)."""
+    if group == "vision" and not label.endswith(" local"):
+        return label.split(" ")[0] + " local"
+    return BASELINE.get(label, "")
+
+
+def classify_table(path: str) -> None:
+    """The vAccel classifier table over repeats: medians and spreads."""
+    rows: "OrderedDict[str, list[dict]]" = OrderedDict()
+    for line in open(path):
+        r = json.loads(line)
+        rows.setdefault(r["config"], []).append(r)
+    print("\n### Tweet classifier (MiniLM-L6 zero-shot, 100 lines, batch 1, 2 intra-op threads)\n")
+    print("| configuration | repeats | first ms (median) | avg ms after 4th (median, spread) | tax ms (mean-based) | tax % | median-line ms | tax ms (median-based, spread) | identical |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    med = statistics.median
+    for config, rs in rows.items():
+        avg = [r["avg_ms"] for r in rs]
+        mtax = [r["median_tax_ms"] for r in rs]
+        print(f"| {config} | {len(rs)} | {med(r['first_ms'] for r in rs):.2f} | "
+              f"{med(avg):.3f} ({min(avg):.3f}–{max(avg):.3f}) | {med(r['tax_ms'] for r in rs):+.3f} | "
+              f"{med(r['tax_pct'] for r in rs):+.1f}% | {med(r['median_ms'] for r in rs):.3f} | "
+              f"{med(mtax):+.3f} ({min(mtax):+.3f}–{max(mtax):+.3f}) | "
+              f"{'yes' if all(r['identical'] for r in rs) else 'NO'} |")
+
+
 def main() -> None:
+    if "--classify" in sys.argv:
+        classify_table(sys.argv[sys.argv.index("--classify") + 1])
     runs: "OrderedDict[tuple[str, str], dict[int, dict]]" = OrderedDict()
     for line in open(sys.argv[1]):
         r = json.loads(line)
@@ -44,12 +74,13 @@ def main() -> None:
             p50s = [r["p50_us"] for r in reps.values()]
             p99 = statistics.median(r["p99_us"] for r in reps.values())
             cmp = tax = ""
-            base = runs.get((group, BASELINE.get(label, "")))
+            base_label = baseline_of(group, label)
+            base = runs.get((group, base_label))
             if base:
                 pairs = [(reps[k]["p50_us"], base[k]["p50_us"]) for k in reps if k in base]
                 ratios = [a / b for a, b in pairs]
                 cmp = (f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) "
-                       f"{BASELINE[label].split(' (')[0]}")
+                       f"{base_label.split(' (')[0]}")
                 tax = f"{statistics.median(a - b for a, b in pairs):+.1f}"
             n = next(iter(reps.values()))["count"]
             print(f"| {label} | {n} × {len(reps)} | {statistics.median(p50s):.2f} | "
