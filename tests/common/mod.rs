@@ -188,7 +188,7 @@ impl TestAgent {
             match ep {
                 Endpoint::Unix(_) => unix = Some(ep.to_string()),
                 Endpoint::Tcp { .. } => tcp = Some(ep.to_string()),
-                Endpoint::Inproc(_) => {}
+                Endpoint::Inproc(_) | Endpoint::Shm(_) => {}
             }
         }
         let tcp = tcp.expect("agent reports its TCP endpoint");
@@ -362,7 +362,9 @@ impl RawPeer {
                 s.set_write_timeout(Some(RAW_TIMEOUT)).expect("timeout");
                 RawStream::Tcp(s)
             }
-            Endpoint::Inproc(_) => panic!("a raw peer needs a socket, not {uri}"),
+            Endpoint::Inproc(_) | Endpoint::Shm(_) => {
+                panic!("a raw peer needs a socket, not {uri}")
+            }
         };
         RawPeer { s, next_id: 1000 }
     }

@@ -110,6 +110,11 @@ impl Agent {
                     inproc.push(reg);
                     endpoints.push(ep.clone());
                 }
+                Endpoint::Shm(_) => {
+                    return Err(AgentError::Inproc(format!(
+                        "{ep}: the agent does not serve shared-memory sessions yet"
+                    )))
+                }
                 _ => {
                     let l = Listener::bind(ep)?;
                     endpoints.push(l.endpoint().clone());

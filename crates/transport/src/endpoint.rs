@@ -11,6 +11,9 @@ pub enum Endpoint {
     Inproc(String),
     /// `unix:///path/to.sock` (or `unix://relative.sock`).
     Unix(PathBuf),
+    /// `shm://name`: a shared-memory session, bootstrapped over the control
+    /// socket [`crate::shm::control_path`]`(name)`.
+    Shm(String),
     /// `tcp://host:port[?nodelay=0|1]`.
     Tcp {
         /// `host:port` (`[::1]:port` for IPv6).
@@ -92,10 +95,23 @@ impl Endpoint {
                     nodelay,
                 })
             }
-            "shm" => Err(bad("the shared-memory transport is not built yet")),
+            "shm" => {
+                no_params(&params)?;
+                if rest.is_empty()
+                    || rest.len() > 64
+                    || !rest
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+                {
+                    return Err(bad(
+                        "shm names are 1..=64 characters of [A-Za-z0-9._-], e.g. shm://agent",
+                    ));
+                }
+                Ok(Endpoint::Shm(rest.to_string()))
+            }
             "vsock" => Err(bad("the vsock transport is not built yet")),
             other => Err(bad(&format!(
-                "unknown scheme '{other}' (known: inproc, unix, tcp)"
+                "unknown scheme '{other}' (known: inproc, unix, tcp, shm)"
             ))),
         }
     }
@@ -125,6 +141,7 @@ impl fmt::Display for Endpoint {
         match self {
             Endpoint::Inproc(n) => write!(f, "inproc://{n}"),
             Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
+            Endpoint::Shm(n) => write!(f, "shm://{n}"),
             Endpoint::Tcp {
                 addr,
                 nodelay: true,
@@ -169,7 +186,14 @@ mod tests {
                 nodelay: false
             }
         );
+        assert_eq!(
+            Endpoint::parse("shm://agent-1").unwrap(),
+            Endpoint::Shm("agent-1".into())
+        );
+        assert!(Endpoint::parse("shm://a/b").is_err());
+        assert!(Endpoint::parse("shm://").is_err());
         for s in [
+            "shm://x",
             "inproc://a",
             "unix:///tmp/x.sock",
             "tcp://h:1",

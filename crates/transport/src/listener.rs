@@ -80,6 +80,25 @@ impl Listener {
                 uri: ep.to_string(),
                 reason: "in-process endpoints are registered, not bound".into(),
             }),
+            Endpoint::Shm(name) => {
+                // The shm control socket: a Unix listener at its private path.
+                let path = crate::shm::control_path(name).map_err(err)?;
+                let mut l = Listener::bind(&Endpoint::Unix(path))?;
+                l.endpoint = ep.clone();
+                Ok(l)
+            }
+        }
+    }
+
+    /// Waits for the next connection on a Unix (or shm control) listener
+    /// and returns the bare socket (shm sessions bootstrap over it).
+    pub fn accept_unix(&self) -> io::Result<UnixStream> {
+        match &self.kind {
+            Kind::Unix(l, _) => Ok(l.accept()?.0),
+            Kind::Tcp(..) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a TCP listener has no Unix streams",
+            )),
         }
     }
 
@@ -146,6 +165,10 @@ pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, Transport
         Endpoint::Inproc(_) => Err(TransportError::BadUri {
             uri: ep.to_string(),
             reason: "in-process endpoints are looked up with transport::inproc".into(),
+        }),
+        Endpoint::Shm(_) => Err(TransportError::BadUri {
+            uri: ep.to_string(),
+            reason: "shm sessions are opened with transport::shm::ShmChannel::connect".into(),
         }),
     }
 }

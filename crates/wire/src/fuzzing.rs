@@ -124,7 +124,7 @@ pub fn fuzz_decode(bytes: &[u8]) -> Result<(), WireError> {
                 assert_eq!(encode_error_body(&message), desc);
             }
         }
-        Kind::Ping | Kind::Pong | Kind::ListModels => {
+        Kind::Ping | Kind::Pong | Kind::ListModels | Kind::Release => {
             if !desc.is_empty() {
                 return Err(WireError::Malformed(format!(
                     "{:?} has no body, but desc_len is {}",

@@ -62,6 +62,9 @@ pub enum Kind {
     ListModels = 10,
     /// Agent → client: every model's id and signature.
     ModelList = 11,
+    /// Client → agent, shared-memory sessions only: the response with this
+    /// `request_id` has been read; its outputs' space may be reused. No reply.
+    Release = 12,
 }
 
 impl Kind {
@@ -70,7 +73,7 @@ impl Kind {
         use Kind::*;
         [
             Hello, HelloAck, Request, Response, Error, Ping, Pong, ModelQuery, ModelInfo,
-            ListModels, ModelList,
+            ListModels, ModelList, Release,
         ]
         .get(usize::from(code).wrapping_sub(1))
         .copied()

@@ -36,7 +36,7 @@ pub use fuzzing::fuzz_decode;
 pub use header::{flags, Header, Kind, HEADER_LEN, MAGIC, VERSION};
 pub use limits::Limits;
 pub use tensor::{
-    align_up, decode_tensor_section, encode_tensor_section, layout_payload, TensorDesc,
-    TensorSection, DESC_FIXED_LEN, MAX_DIMS, PAYLOAD_ALIGN,
+    align_up, decode_tensor_section, decode_tensor_section_in, encode_tensor_section,
+    layout_payload, Placement, TensorDesc, TensorSection, DESC_FIXED_LEN, MAX_DIMS, PAYLOAD_ALIGN,
 };
 pub use timeline::{monotonic_ns, Stage, Timeline, TIMELINE_LEN};

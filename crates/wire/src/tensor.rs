@@ -108,11 +108,42 @@ pub fn encode_tensor_section(
     }
 }
 
+/// Where the tensors a descriptor section describes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// In the message's payload (stream transports): offsets increasing,
+    /// inside `payload_len`.
+    Payload,
+    /// In a shared-memory region of `len` bytes (shm sessions): offsets
+    /// relative to the region, in any order, inside it; `payload_len` is the
+    /// sum of the tensors' lengths.
+    Region {
+        /// The region's length in bytes.
+        len: u64,
+    },
+}
+
 /// Decodes and validates a descriptor section against its header: exactly
 /// `tensor_count` descriptors, consuming exactly `desc_len` bytes; known
 /// dtypes; at most [`MAX_DIMS`] dims; length = dims × dtype size; offsets
 /// aligned, increasing, non-overlapping and inside `payload_len`.
 pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSection, WireError> {
+    decode_tensor_section_in(header, bytes, Placement::Payload)
+}
+
+/// [`decode_tensor_section`] for tensors placed as `placement` says: in a
+/// shared-memory region, tensors may come in any order but must lie inside
+/// the region without overlapping, and `payload_len` must be their total
+/// length.
+pub fn decode_tensor_section_in(
+    header: &Header,
+    bytes: &[u8],
+    placement: Placement,
+) -> Result<TensorSection, WireError> {
+    let (bound, what, ordered) = match placement {
+        Placement::Payload => (header.payload_len, "payload", true),
+        Placement::Region { len } => (len, "region", false),
+    };
     if bytes.len() != header.desc_len as usize {
         return Err(WireError::malformed(format!(
             "descriptor section is {} bytes, header says {}",
@@ -169,18 +200,17 @@ pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSect
                 "tensor {i}: offset {offset} is not a multiple of {PAYLOAD_ALIGN}"
             )));
         }
-        if offset < min_offset {
+        if ordered && offset < min_offset {
             return Err(WireError::malformed(format!(
                 "tensor {i}: offset {offset} overlaps the previous tensor (ends at {min_offset})"
             )));
         }
         let end = offset
             .checked_add(len)
-            .filter(|&e| e <= header.payload_len)
+            .filter(|&e| e <= bound)
             .ok_or_else(|| {
                 WireError::malformed(format!(
-                    "tensor {i}: bytes {offset}..+{len} fall outside the {}-byte payload",
-                    header.payload_len
+                    "tensor {i}: bytes {offset}..+{len} fall outside the {bound}-byte {what}"
                 ))
             })?;
         min_offset = end;
@@ -191,6 +221,28 @@ pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSect
             offset,
             len,
         });
+    }
+    if !ordered {
+        let total = tensors
+            .iter()
+            .try_fold(0u64, |acc, t| acc.checked_add(t.len));
+        if total != Some(header.payload_len) {
+            return Err(WireError::malformed(format!(
+                "payload_len {} is not the tensors' total length",
+                header.payload_len
+            )));
+        }
+        let mut ranges: Vec<(u64, u64)> = tensors
+            .iter()
+            .map(|t| (t.offset, t.offset + t.len))
+            .collect();
+        ranges.sort_unstable();
+        if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(WireError::malformed(format!(
+                "tensors at {} and {} overlap",
+                w[0].0, w[1].0
+            )));
+        }
     }
     let timeline = if header.flags & flags::HAS_TIMELINE != 0 {
         let rest = &bytes[pos..];
@@ -258,6 +310,27 @@ mod tests {
         let s = decode_tensor_section(&h, &bytes).unwrap();
         assert_eq!(s.tensors, ts);
         assert_eq!(s.timeline, Some(tl));
+    }
+
+    #[test]
+    fn region_placement_allows_any_order_but_no_overlap() {
+        let ts = vec![desc(DType::U8, &[10], 128), desc(DType::U8, &[10], 0)];
+        let (mut h, b) = section(&ts, 20);
+        let region = Placement::Region { len: 256 };
+        assert_eq!(
+            decode_tensor_section_in(&h, &b, region).unwrap().tensors,
+            ts
+        );
+        assert!(decode_tensor_section(&h, &b).is_err(), "streams need order");
+        assert!(decode_tensor_section_in(&h, &b, Placement::Region { len: 130 }).is_err());
+        h.payload_len = 21;
+        assert!(
+            decode_tensor_section_in(&h, &b, region).is_err(),
+            "payload_len = total"
+        );
+        let ts = vec![desc(DType::U8, &[100], 64), desc(DType::U8, &[10], 128)];
+        let (h, b) = section(&ts, 110);
+        assert!(decode_tensor_section_in(&h, &b, region).is_err(), "overlap");
     }
 
     #[test]

@@ -200,7 +200,7 @@ fn decode(bytes: &[u8]) -> Message {
         Kind::ModelInfo => Body::Signature(decode_signature(desc).expect("signature decodes")),
         Kind::ModelList => Body::ModelList(decode_model_list(desc).expect("list decodes")),
         Kind::Error => Body::ErrorMessage(decode_error_body(desc).expect("message decodes")),
-        Kind::Ping | Kind::Pong | Kind::ListModels => {
+        Kind::Ping | Kind::Pong | Kind::ListModels | Kind::Release => {
             assert!(desc.is_empty(), "{:?} has a body", header.kind);
             Body::Empty
         }

@@ -99,6 +99,35 @@ impl Arena {
         self.map.as_ptr().cast_mut()
     }
 
+    /// The bytes of `range`. The peer may change them at any time: treat
+    /// them as untrusted input (validate before acting on them).
+    pub fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "bad range {range:?}"
+        );
+        // SAFETY: in bounds (asserted) of a mapping that lives as long as
+        // `&self`. Any byte pattern is a valid `u8`; concurrent writes by the
+        // peer process can only change values we already treat as untrusted.
+        unsafe { std::slice::from_raw_parts(self.as_ptr().add(range.start), range.len()) }
+    }
+
+    /// The bytes of `range`, writable.
+    ///
+    /// # Safety
+    /// Nothing else in this process may access `range` while the returned
+    /// slice lives (the caller owns that part of the arena, e.g. an
+    /// allocation it made); the peer is expected not to touch it either.
+    pub unsafe fn bytes_mut(&self, range: std::ops::Range<usize>) -> &mut [u8] {
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "bad range {range:?}"
+        );
+        // SAFETY: in bounds (asserted); exclusivity within this process is
+        // the caller's contract above.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr().add(range.start), range.len()) }
+    }
+
     /// The `AtomicU32` at byte `offset` (must be 4-byte aligned and in bounds).
     pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         assert!(

@@ -10,9 +10,13 @@
 //! tensor bytes are only ever read as bytes.
 
 pub mod arena;
+pub mod channel;
 pub mod fdpass;
 pub mod futex;
+pub mod layout;
 pub mod ring;
 
 pub use arena::Arena;
+pub use channel::{control_path, ShmChannel, ShmError, ShmSizes, WaitPolicy};
+pub use layout::Layout;
 pub use ring::{Ring, RingError, SLOT_LEN};

@@ -123,22 +123,42 @@ pub struct Producer {
 impl Producer {
     /// Copies `slot` into the ring; `Ok(false)` when the ring is full.
     pub fn push(&mut self, slot: &[u8; SLOT_LEN]) -> Result<bool, RingError> {
+        self.push_bytes(slot)
+    }
+
+    /// Copies `bytes` (zero-padded to whole slots) into consecutive slots and
+    /// publishes them at once, so the consumer sees all or none; `Ok(false)`
+    /// when they do not fit now. More slots than the ring holds never fit.
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> Result<bool, RingError> {
         let r = &self.ring;
+        let n = bytes.len().div_ceil(SLOT_LEN).max(1) as u64;
         let tail = r.arena.atomic_u64(r.offset + TAIL).load(Ordering::Acquire);
-        if r.check(self.next, tail)? == u64::from(r.capacity) {
+        let used = r.check(self.next, tail)?;
+        if used + n > u64::from(r.capacity) {
             return Ok(false);
         }
-        for (w, chunk) in slot.chunks_exact(8).enumerate() {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(chunk);
-            r.slot_word(self.next, w)
-                .store(u64::from_ne_bytes(b), Ordering::Relaxed);
+        for i in 0..n {
+            for w in 0..SLOT_LEN / 8 {
+                let at = i as usize * SLOT_LEN + w * 8;
+                let mut b = [0u8; 8];
+                if at < bytes.len() {
+                    let end = (at + 8).min(bytes.len());
+                    b[..end - at].copy_from_slice(&bytes[at..end]);
+                }
+                r.slot_word(self.next.wrapping_add(i), w)
+                    .store(u64::from_ne_bytes(b), Ordering::Relaxed);
+            }
         }
-        self.next = self.next.wrapping_add(1);
+        self.next = self.next.wrapping_add(n);
         r.arena
             .atomic_u64(r.offset + HEAD)
             .store(self.next, Ordering::Release);
         Ok(true)
+    }
+
+    /// Slots the ring holds.
+    pub fn capacity(&self) -> u32 {
+        self.ring.capacity
     }
 }
 

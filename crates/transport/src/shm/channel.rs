@@ -1,0 +1,587 @@
+//! [`ShmChannel`]: one shared-memory session seen from one side — its arena,
+//! its two rings, its sleep words, and the Unix socket it was bootstrapped
+//! over (kept open only to notice the peer's death).
+//!
+//! Bootstrap: the client connects to the agent's control socket and sends a
+//! Hello (wire framing); the agent creates the session's arena, writes its
+//! [`Layout`], and answers with a HelloAck carrying the arena's memfd
+//! (`SCM_RIGHTS`) in the same `sendmsg`. From then on messages travel
+//! through the rings: a 64-byte header slot followed by the descriptor
+//! section in whole slots, published at once. Tensor bytes never travel:
+//! descriptors point into the data area.
+//!
+//! Waiting is hybrid: a receiver spins for a bounded time (no syscalls while
+//! the peer answers quickly), then marks itself asleep in its sleep word and
+//! sleeps on it (futex) in slices, checking between slices that the peer is
+//! still alive. A sender wakes the peer only when that word says it sleeps,
+//! so busy sessions make no syscalls at all.
+
+use crate::shm::fdpass::{recv_with_fd, send_with_fd};
+use crate::shm::layout::{Layout, AGENT_SLEEP, CLIENT_SLEEP};
+use crate::shm::ring::{Consumer, Producer, Ring, RingError, SLOT_LEN};
+use crate::shm::{futex, Arena};
+use rustix::event::{poll, PollFd, PollFlags};
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use wire::{
+    decode_error_body, decode_hello, encode_hello, Header, Kind, Limits, Status, WireError,
+    HEADER_LEN,
+};
+
+/// Why a shared-memory session failed.
+#[derive(Debug, Error)]
+pub enum ShmError {
+    /// The control socket failed.
+    #[error("shm control socket: {0}")]
+    Io(#[from] io::Error),
+    /// A message broke the protocol.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// The peer broke a ring.
+    #[error("{0}")]
+    Ring(#[from] RingError),
+    /// The bootstrap went wrong (bad arena, missing fd, ...).
+    #[error("shm bootstrap: {0}")]
+    Bootstrap(String),
+    /// The agent refused the session.
+    #[error("agent refused the session ({status}): {message}")]
+    Refused {
+        /// The status.
+        status: Status,
+        /// The agent's message.
+        message: String,
+    },
+    /// The peer's process is gone (its end of the control socket closed).
+    #[error("peer gone (its control socket closed)")]
+    PeerGone,
+    /// Nothing arrived before the deadline.
+    #[error("timed out waiting for the peer")]
+    TimedOut,
+}
+
+/// Sizes of a session's arena (the agent decides them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmSizes {
+    /// Slots per ring.
+    pub ring_capacity: u32,
+    /// Bytes of the client's region (its input tensors).
+    pub client_len: usize,
+    /// Bytes of the agent's region (outputs).
+    pub agent_len: usize,
+}
+
+impl Default for ShmSizes {
+    fn default() -> Self {
+        // Virtual sizes: pages are only backed once touched.
+        ShmSizes {
+            ring_capacity: 256,
+            client_len: 256 << 20,
+            agent_len: 64 << 20,
+        }
+    }
+}
+
+/// How a receiver waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// How long to spin before sleeping.
+    pub spin: Duration,
+    /// How long each sleep lasts before the peer's liveness is checked.
+    pub slice: Duration,
+}
+
+impl WaitPolicy {
+    /// The agent's default: spin 50 µs, check liveness every 250 ms.
+    pub const AGENT: WaitPolicy = WaitPolicy {
+        spin: Duration::from_micros(50),
+        slice: Duration::from_millis(250),
+    };
+    /// The client's default: spin 200 µs, check liveness every 20 ms.
+    pub const CLIENT: WaitPolicy = WaitPolicy {
+        spin: Duration::from_micros(200),
+        slice: Duration::from_millis(20),
+    };
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Agent,
+    Client,
+}
+
+/// One side of a shared-memory session.
+#[derive(Debug)]
+pub struct ShmChannel {
+    arena: Arc<Arena>,
+    layout: Layout,
+    side: Side,
+    tx: Producer,
+    rx: Consumer,
+    sock: UnixStream,
+}
+
+/// The control-socket path for `shm://name`: `$TENSORWIRE_SHM_DIR/name.sock`,
+/// else `$XDG_RUNTIME_DIR/tensorwire/name.sock`, else
+/// `<temp dir>/tensorwire-<uid>/name.sock`. The directory is created with
+/// mode 0700 (only this user can reach the agent's control socket).
+pub fn control_path(name: &str) -> io::Result<PathBuf> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("shm name '{name}' must be 1..=64 characters of [A-Za-z0-9._-]"),
+        ));
+    }
+    let dir = if let Some(d) = std::env::var_os("TENSORWIRE_SHM_DIR") {
+        PathBuf::from(d)
+    } else if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(d).join("tensorwire")
+    } else {
+        std::env::temp_dir().join(format!("tensorwire-{}", rustix::process::getuid().as_raw()))
+    };
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)?;
+    Ok(dir.join(format!("{name}.sock")))
+}
+
+fn read_message(sock: &mut UnixStream, first: &[u8]) -> Result<(Header, Vec<u8>), ShmError> {
+    let mut head = [0u8; HEADER_LEN];
+    head[..first.len()].copy_from_slice(first);
+    sock.read_exact(&mut head[first.len()..])?;
+    let h = Header::decode(&head)?;
+    h.check_limits(&Limits::default())?;
+    let mut body = vec![0u8; h.desc_len as usize];
+    sock.read_exact(&mut body)?;
+    Ok((h, body))
+}
+
+impl ShmChannel {
+    /// Agent side: answers the Hello on a freshly accepted control socket,
+    /// creates the session's arena and hands it over. Returns the channel and
+    /// the limits in force.
+    pub fn accept(
+        mut sock: UnixStream,
+        agent_limits: &Limits,
+        sizes: ShmSizes,
+        timeout: Duration,
+    ) -> Result<(ShmChannel, Limits), ShmError> {
+        sock.set_read_timeout(Some(timeout))?;
+        sock.set_write_timeout(Some(timeout))?;
+        let (h, body) = read_message(&mut sock, &[])?;
+        let refuse = |sock: &mut UnixStream, status: Status, msg: &str| {
+            let body = wire::encode_error_body(msg);
+            let mut e = Header::new(Kind::Error);
+            e.request_id = h.request_id;
+            e.status = status;
+            e.desc_len = body.len() as u32;
+            let _ = sock.write_all(&[&e.encode()[..], &body].concat());
+        };
+        if h.kind != Kind::Hello {
+            refuse(
+                &mut sock,
+                Status::UnknownKind,
+                "the first message must be Hello",
+            );
+            return Err(ShmError::Bootstrap(format!(
+                "first message was {:?}",
+                h.kind
+            )));
+        }
+        let asked = match decode_hello(&body) {
+            Ok(l) => l,
+            Err(e) => {
+                refuse(&mut sock, e.status(), &e.to_string());
+                return Err(e.into());
+            }
+        };
+        let layout = Layout::new(sizes.ring_capacity, sizes.client_len, sizes.agent_len)
+            .map_err(ShmError::Bootstrap)?;
+        let mut limits = agent_limits.narrowed_by(&asked);
+        // A message's descriptors must fit the ring beside its header, and
+        // a request's tensors the client's region.
+        limits.max_desc_len = limits
+            .max_desc_len
+            .min((sizes.ring_capacity - 1) * SLOT_LEN as u32);
+        limits.max_payload = limits.max_payload.min(layout.client_len as u64);
+        let arena = Arena::create("tensorwire-shm", layout.arena_len)?;
+        layout.write(&arena);
+        let ack_body = encode_hello(&limits);
+        let mut ack = Header::new(Kind::HelloAck);
+        ack.request_id = h.request_id;
+        ack.desc_len = ack_body.len() as u32;
+        send_with_fd(&sock, &[&ack.encode()[..], &ack_body].concat(), arena.fd())?;
+        sock.set_read_timeout(None)?;
+        let ch = ShmChannel::new(Arc::new(arena), layout, Side::Agent, sock)?;
+        Ok((ch, limits))
+    }
+
+    /// Client side: connects to the control socket at `path`, says Hello
+    /// asking for `asked`, and maps the arena the agent sends back.
+    pub fn connect(
+        path: &Path,
+        asked: &Limits,
+        request_id: u64,
+        timeout: Duration,
+    ) -> Result<(ShmChannel, Limits), ShmError> {
+        let mut sock = UnixStream::connect(path)?;
+        sock.set_read_timeout(Some(timeout))?;
+        sock.set_write_timeout(Some(timeout))?;
+        let body = encode_hello(asked);
+        let mut h = Header::new(Kind::Hello);
+        h.request_id = request_id;
+        h.desc_len = body.len() as u32;
+        sock.write_all(&[&h.encode()[..], &body].concat())?;
+        let mut first = [0u8; HEADER_LEN];
+        let (n, fd) = recv_with_fd(&sock, &mut first)?;
+        if n == 0 {
+            return Err(ShmError::PeerGone);
+        }
+        let (reply, body) = read_message(&mut sock, &first[..n])?;
+        if reply.kind == Kind::Error {
+            return Err(ShmError::Refused {
+                status: reply.status,
+                message: decode_error_body(&body).unwrap_or_default(),
+            });
+        }
+        if reply.kind != Kind::HelloAck {
+            return Err(ShmError::Bootstrap(format!(
+                "expected HelloAck, got {:?}",
+                reply.kind
+            )));
+        }
+        let limits = decode_hello(&body)?;
+        let fd = fd.ok_or_else(|| ShmError::Bootstrap("the HelloAck carried no arena".into()))?;
+        let arena = Arena::open(fd, None)?;
+        let layout = Layout::read(&arena).map_err(ShmError::Bootstrap)?;
+        sock.set_read_timeout(None)?;
+        let ch = ShmChannel::new(Arc::new(arena), layout, Side::Client, sock)?;
+        Ok((ch, limits))
+    }
+
+    fn new(
+        arena: Arc<Arena>,
+        layout: Layout,
+        side: Side,
+        sock: UnixStream,
+    ) -> Result<ShmChannel, ShmError> {
+        let req = Ring::new(arena.clone(), layout.request_ring, layout.ring_capacity)
+            .map_err(ShmError::Bootstrap)?;
+        let resp = Ring::new(arena.clone(), layout.response_ring, layout.ring_capacity)
+            .map_err(ShmError::Bootstrap)?;
+        let (tx, rx) = match side {
+            Side::Client => (req.producer(), resp.consumer()),
+            Side::Agent => (resp.producer(), req.consumer()),
+        };
+        Ok(ShmChannel {
+            arena,
+            layout,
+            side,
+            tx,
+            rx,
+            sock,
+        })
+    }
+
+    /// The session's arena.
+    pub fn arena(&self) -> &Arc<Arena> {
+        &self.arena
+    }
+
+    /// Where everything lives in it.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn my_sleep(&self) -> &AtomicU32 {
+        self.arena.atomic_u32(match self.side {
+            Side::Agent => AGENT_SLEEP,
+            Side::Client => CLIENT_SLEEP,
+        })
+    }
+
+    fn peer_sleep(&self) -> &AtomicU32 {
+        self.arena.atomic_u32(match self.side {
+            Side::Agent => CLIENT_SLEEP,
+            Side::Client => AGENT_SLEEP,
+        })
+    }
+
+    /// Publishes one message (header + descriptor section); `Ok(false)` when
+    /// the ring has no room for it now. Wakes the peer if it sleeps.
+    pub fn send(&mut self, header: &Header, desc: &[u8]) -> Result<bool, ShmError> {
+        if header.desc_len as usize != desc.len() {
+            return Err(ShmError::Bootstrap(
+                "desc_len does not match the descriptor section".into(),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(HEADER_LEN + desc.len());
+        bytes.extend_from_slice(&header.encode());
+        bytes.extend_from_slice(desc);
+        if !self.tx.push_bytes(&bytes)? {
+            return Ok(false);
+        }
+        // Pairs with the fence in `recv`: either the sleeper sees the
+        // message when it re-checks, or we see its sleep word set.
+        fence(Ordering::SeqCst);
+        let peer = self.peer_sleep();
+        if peer.load(Ordering::SeqCst) != 0 {
+            peer.store(0, Ordering::SeqCst);
+            futex::wake(peer, 1)?;
+        }
+        Ok(true)
+    }
+
+    /// Takes the next message if one is there. Its header is checked
+    /// against `limits` before its descriptor slots are read.
+    pub fn try_recv(&mut self, limits: &Limits) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
+        let avail = self.rx.available()?;
+        if avail == 0 {
+            return Ok(None);
+        }
+        let head = self.rx.pop()?.ok_or(ShmError::Ring(RingError::Corrupt {
+            head: 0,
+            tail: 0,
+            capacity: 0,
+        }))?;
+        let h = Header::decode(&head)?;
+        h.check_limits(limits)?;
+        let n = (h.desc_len as usize).div_ceil(SLOT_LEN);
+        if n as u64 > avail - 1 {
+            return Err(WireError::Malformed(format!(
+                "descriptor section of {} bytes was not published with its header",
+                h.desc_len
+            ))
+            .into());
+        }
+        let mut desc = Vec::with_capacity(n * SLOT_LEN);
+        for _ in 0..n {
+            let s = self
+                .rx
+                .pop()?
+                .ok_or(ShmError::Bootstrap("ring emptied under us".into()))?;
+            desc.extend_from_slice(&s);
+        }
+        desc.truncate(h.desc_len as usize);
+        Ok(Some((h, desc)))
+    }
+
+    /// Waits for the next message: spins for `policy.spin`, then sleeps in
+    /// `policy.slice`s, checking the peer is alive between them. Gives up
+    /// at `deadline`.
+    pub fn recv(
+        &mut self,
+        limits: &Limits,
+        policy: WaitPolicy,
+        deadline: Option<Instant>,
+    ) -> Result<(Header, Vec<u8>), ShmError> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if let Some(m) = self.try_recv(limits)? {
+                return Ok(m);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 != 0 || start.elapsed() < policy.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(ShmError::TimedOut);
+            }
+            let slice = deadline.map_or(policy.slice, |d| (d - now).min(policy.slice));
+            let me = self.my_sleep();
+            me.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if self.rx.available()? == 0 {
+                futex::wait(me, 1, Some(slice))?;
+            }
+            self.my_sleep().store(0, Ordering::SeqCst);
+            if self.rx.available()? == 0 && !self.peer_alive() {
+                return Err(ShmError::PeerGone);
+            }
+        }
+    }
+
+    /// False once the peer's end of the control socket is closed (its
+    /// process exited or was killed).
+    pub fn peer_alive(&self) -> bool {
+        let mut fds = [PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP)];
+        match poll(
+            &mut fds,
+            Some(&rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            }),
+        ) {
+            Ok(0) => true,
+            Ok(_) => {
+                let r = fds[0].revents();
+                !(r.intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
+                    || (r.contains(PollFlags::IN) && {
+                        let mut b = [0u8; 1];
+                        matches!(
+                            rustix::net::recv(
+                                &self.sock,
+                                &mut b,
+                                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
+                            ),
+                            Ok((0, _))
+                        )
+                    }))
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Closes the control socket: the peer sees this side as gone.
+    pub fn close(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    fn pair(sizes: ShmSizes) -> (ShmChannel, ShmChannel, Limits) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            ShmChannel::accept(s, &Limits::default(), sizes, Duration::from_secs(5)).unwrap()
+        });
+        let (client, limits) =
+            ShmChannel::connect(&path, &Limits::default(), 1, Duration::from_secs(5)).unwrap();
+        let (agent, agent_limits) = t.join().unwrap();
+        assert_eq!(limits, agent_limits);
+        (client, agent, limits)
+    }
+
+    fn small() -> ShmSizes {
+        ShmSizes {
+            ring_capacity: 8,
+            client_len: 1 << 16,
+            agent_len: 1 << 16,
+        }
+    }
+
+    #[test]
+    fn bootstrap_shares_the_arena_and_narrows_limits() {
+        let (c, a, limits) = pair(small());
+        assert_eq!(limits.max_desc_len, 7 * 64);
+        assert_eq!(limits.max_payload, 1 << 16);
+        assert_eq!(c.layout(), a.layout());
+        c.arena()
+            .atomic_u64(c.layout().data_off)
+            .store(7, Ordering::Release);
+        assert_eq!(
+            a.arena()
+                .atomic_u64(a.layout().data_off)
+                .load(Ordering::Acquire),
+            7
+        );
+    }
+
+    #[test]
+    fn messages_with_descriptors_cross_both_ways_with_sleep_and_wake() {
+        let (mut c, mut a, limits) = pair(small());
+        let t = std::thread::spawn(move || {
+            for i in 0..2000u64 {
+                let (h, d) = a.recv(&limits, WaitPolicy::AGENT, None).unwrap();
+                assert_eq!(h.request_id, i);
+                assert_eq!(d.len(), (i % 200) as usize);
+                let mut r = Header::new(Kind::Pong);
+                r.request_id = i;
+                while !a.send(&r, &[]).unwrap() {}
+            }
+            a
+        });
+        for i in 0..2000u64 {
+            let mut h = Header::new(Kind::ListModels);
+            h.request_id = i;
+            let desc = vec![i as u8; (i % 200) as usize];
+            h.desc_len = desc.len() as u32;
+            while !c.send(&h, &desc).unwrap() {}
+            if i % 500 == 0 {
+                // Let the agent fall asleep now and then: the wake path.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let (r, _) = c
+                .recv(
+                    &limits,
+                    WaitPolicy::CLIENT,
+                    Some(Instant::now() + Duration::from_secs(5)),
+                )
+                .unwrap();
+            assert_eq!(r.request_id, i);
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_dead_peer_is_noticed_and_a_silent_one_times_out() {
+        let (mut c, a, limits) = pair(small());
+        let t = Instant::now();
+        assert!(matches!(
+            c.recv(
+                &limits,
+                WaitPolicy::CLIENT,
+                Some(Instant::now() + Duration::from_millis(100))
+            ),
+            Err(ShmError::TimedOut)
+        ));
+        assert!(t.elapsed() < Duration::from_secs(2));
+        drop(a);
+        assert!(matches!(
+            c.recv(&limits, WaitPolicy::CLIENT, None),
+            Err(ShmError::PeerGone)
+        ));
+    }
+
+    #[test]
+    fn garbage_headers_are_errors_not_panics() {
+        let (c, mut a, limits) = pair(small());
+        // The client scribbles a bogus header straight into its ring.
+        let ring = Ring::new(c.arena().clone(), c.layout().request_ring, 8).unwrap();
+        let mut p = ring.producer();
+        p.push(&[0xAB; 64]).unwrap();
+        assert!(matches!(a.try_recv(&limits), Err(ShmError::Wire(_))));
+        // Indices scribbled past the capacity.
+        c.arena()
+            .atomic_u64(c.layout().request_ring)
+            .store(1 << 40, Ordering::Release);
+        assert!(matches!(a.try_recv(&limits), Err(ShmError::Ring(_))));
+    }
+
+    #[test]
+    fn control_path_is_private_and_names_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        std::env::set_var("TENSORWIRE_SHM_DIR", dir.path().join("d"));
+        let p = control_path("agent-1").unwrap();
+        assert!(p.ends_with("d/agent-1.sock"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(p.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(control_path("../x").is_err());
+        assert!(control_path("").is_err());
+        std::env::remove_var("TENSORWIRE_SHM_DIR");
+    }
+}

@@ -1,0 +1,162 @@
+//! The arena's layout: a header page, the two rings, the data area.
+//!
+//! ```text
+//! header page (4096 B)
+//!    0  magic "TWSHM001"          u64
+//!    8  arena length              u64
+//!   16  ring capacity (slots)     u32, 4 bytes zero
+//!   24  request ring offset       u64   (client → agent)
+//!   32  response ring offset      u64   (agent → client)
+//!   40  data area offset          u64
+//!   48  data area length          u64
+//!   56  client region length      u64   data[0, client) is the client's; the rest the agent's
+//!   64  agent sleep word          u32   (futex; its own cache line)
+//!  128  client sleep word         u32   (futex; its own cache line)
+//! request ring, response ring (each 128 + capacity × 64 B, page aligned)
+//! data area (page aligned)
+//! ```
+//!
+//! The agent writes the header before it hands the arena over; the client
+//! checks every field before using any.
+
+use crate::shm::ring::Ring;
+use crate::shm::Arena;
+use std::sync::atomic::Ordering;
+
+/// First eight bytes of every arena.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"TWSHM001");
+/// Offset of the agent's sleep word.
+pub const AGENT_SLEEP: usize = 64;
+/// Offset of the client's sleep word.
+pub const CLIENT_SLEEP: usize = 128;
+const PAGE: usize = 4096;
+
+/// Where everything lives in one arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Total bytes.
+    pub arena_len: usize,
+    /// Slots per ring.
+    pub ring_capacity: u32,
+    /// Offset of the request ring.
+    pub request_ring: usize,
+    /// Offset of the response ring.
+    pub response_ring: usize,
+    /// Offset of the data area.
+    pub data_off: usize,
+    /// Length of the data area.
+    pub data_len: usize,
+    /// The client's part of the data area: `[0, client_len)`.
+    pub client_len: usize,
+}
+
+fn page_up(n: usize) -> usize {
+    n.div_ceil(PAGE) * PAGE
+}
+
+impl Layout {
+    /// A layout with `ring_capacity` slots per ring, a client region of
+    /// `client_len` bytes and an agent region of `agent_len` bytes (both
+    /// rounded up to pages).
+    pub fn new(ring_capacity: u32, client_len: usize, agent_len: usize) -> Result<Layout, String> {
+        if !ring_capacity.is_power_of_two() || ring_capacity < 2 {
+            return Err(format!(
+                "ring capacity {ring_capacity} must be a power of two ≥ 2"
+            ));
+        }
+        let ring = page_up(Ring::bytes_needed(ring_capacity));
+        let client_len = page_up(client_len);
+        let data_len = client_len
+            .checked_add(page_up(agent_len))
+            .ok_or("arena size overflows")?;
+        let request_ring = PAGE;
+        let response_ring = request_ring + ring;
+        let data_off = response_ring + ring;
+        let arena_len = data_off
+            .checked_add(data_len)
+            .ok_or("arena size overflows")?;
+        Ok(Layout {
+            arena_len,
+            ring_capacity,
+            request_ring,
+            response_ring,
+            data_off,
+            data_len,
+            client_len,
+        })
+    }
+
+    /// Writes the header into a fresh arena.
+    pub fn write(&self, a: &Arena) {
+        let w = |off: usize, v: u64| a.atomic_u64(off).store(v, Ordering::Relaxed);
+        w(8, self.arena_len as u64);
+        w(16, u64::from(self.ring_capacity));
+        w(24, self.request_ring as u64);
+        w(32, self.response_ring as u64);
+        w(40, self.data_off as u64);
+        w(48, self.data_len as u64);
+        w(56, self.client_len as u64);
+        a.atomic_u64(0).store(MAGIC, Ordering::Release);
+    }
+
+    /// Reads and checks the header of an arena received from the agent: it
+    /// must describe exactly the layout `Layout::new` would make for its
+    /// sizes, and fit the arena.
+    pub fn read(a: &Arena) -> Result<Layout, String> {
+        if a.len() < PAGE {
+            return Err(format!("arena of {} bytes has no header page", a.len()));
+        }
+        let r = |off: usize| a.atomic_u64(off).load(Ordering::Acquire);
+        if r(0) != MAGIC {
+            return Err("arena has no tensorwire shm header".into());
+        }
+        let cap = u32::try_from(r(16)).map_err(|_| "ring capacity out of range")?;
+        let (data_len, client_len) = (r(48) as usize, r(56) as usize);
+        let agent_len = data_len
+            .checked_sub(client_len)
+            .ok_or("client region larger than data area")?;
+        let want = Layout::new(cap, client_len, agent_len)?;
+        let got = Layout {
+            arena_len: r(8) as usize,
+            ring_capacity: cap,
+            request_ring: r(24) as usize,
+            response_ring: r(32) as usize,
+            data_off: r(40) as usize,
+            data_len,
+            client_len,
+        };
+        if got != want || got.arena_len != a.len() {
+            return Err(format!(
+                "inconsistent arena header: {got:?} (arena {} bytes)",
+                a.len()
+            ));
+        }
+        Ok(got)
+    }
+
+    /// Bytes of the agent's region.
+    pub fn agent_len(&self) -> usize {
+        self.data_len - self.client_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_layout_reads_back_and_tampering_is_caught() {
+        let l = Layout::new(256, 1 << 20, 1 << 18).unwrap();
+        assert_eq!(l.data_off % 4096, 0);
+        assert!(l.response_ring >= l.request_ring + Ring::bytes_needed(256));
+        let a = Arena::create("tw-layout", l.arena_len).unwrap();
+        l.write(&a);
+        assert_eq!(Layout::read(&a).unwrap(), l);
+        a.atomic_u64(56).store(u64::MAX, Ordering::Release);
+        assert!(Layout::read(&a).is_err());
+        l.write(&a);
+        a.atomic_u64(40).store(8, Ordering::Release);
+        assert!(Layout::read(&a).is_err());
+        assert!(Layout::new(3, 1, 1).is_err());
+    }
+}
