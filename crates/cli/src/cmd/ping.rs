@@ -8,6 +8,7 @@ use client::TensorRef;
 use std::process::Command;
 use std::time::Instant;
 use tensorwire_cli::raw::{self, EchoOptions, RawKind, RawOptions};
+use tensorwire_cli::raw_shm::{self, ShmOptions};
 use tensorwire_cli::stats::{summarize, Summary};
 use wire::{AlignedBuf, DType, DESC_FIXED_LEN, HEADER_LEN};
 
@@ -25,8 +26,9 @@ pub struct Args {
     /// For the embedded agent (inproc://) and `local`: models to load, NAME=PATH.onnx.
     #[arg(long = "load", value_name = "NAME=PATH")]
     load: Vec<String>,
-    /// Measure a bare socket pair instead (no tensorwire code): unix or tcp.
-    #[arg(long, value_name = "unix|tcp")]
+    /// Measure a bare socket pair instead (no tensorwire code): unix or tcp;
+    /// or shm: two processes spinning on one shared page (no syscalls).
+    #[arg(long, value_name = "unix|tcp|shm")]
     raw: Option<String>,
     /// Timed round trips.
     #[arg(short = 'n', long, default_value_t = 10_000)]
@@ -35,6 +37,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     warmup: usize,
     /// Tensor bytes per request (0 = a request with no tensor at all).
+    /// Ignored by --raw shm, whose floor is the notification cost alone (the
+    /// shm transport leaves payload bytes in place): 8 bytes each way.
     #[arg(long, default_value_t = 0)]
     size: u64,
     /// --raw tcp only: TCP_NODELAY (1) or Nagle (0).
@@ -66,9 +70,12 @@ pub struct EchoArgs {
     /// Listen on this TCP address.
     #[arg(long)]
     tcp: Option<String>,
-    /// Message length.
-    #[arg(long)]
-    len: usize,
+    /// Echo over this shared-memory file instead (`ping --raw shm`).
+    #[arg(long, conflicts_with_all = ["unix", "tcp"])]
+    shm: Option<std::path::PathBuf>,
+    /// Message length (sockets only).
+    #[arg(long, required_unless_present = "shm")]
+    len: Option<usize>,
     /// TCP_NODELAY (1) or not (0).
     #[arg(long, default_value = "1")]
     nodelay: String,
@@ -108,11 +115,12 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     let nodelay = parse_flag01(&a.nodelay, "--nodelay")?;
     // (target, samples, request bytes on the wire, tensor bytes)
     let (target, samples, msg_bytes, tensor_bytes) = match &a.raw {
+        Some(kind) if kind == "shm" => ping_raw_shm(&a, nodelay)?,
         Some(kind) => {
             let kind = match kind.as_str() {
                 "unix" => RawKind::Unix,
                 "tcp" => RawKind::Tcp,
-                other => return Err(format!("--raw takes unix or tcp, not '{other}'").into()),
+                other => return Err(format!("--raw takes unix, tcp or shm, not '{other}'").into()),
             };
             let opts = RawOptions {
                 kind,
@@ -389,6 +397,9 @@ fn print_summary(
 
 /// Runs the raw echo peer.
 pub fn run_echo(a: EchoArgs) -> Result<(), CmdError> {
+    if let Some(path) = &a.shm {
+        return run_shm_echo(path, a.cpu);
+    }
     let (kind, addr) = match (a.unix, a.tcp) {
         (Some(p), None) => (RawKind::Unix, p),
         (None, Some(t)) => (RawKind::Tcp, t),
@@ -400,7 +411,7 @@ pub fn run_echo(a: EchoArgs) -> Result<(), CmdError> {
     raw::serve_raw_echo(&EchoOptions {
         kind,
         addr,
-        len: a.len,
+        len: a.len.ok_or("raw-echo needs --len")?,
         nodelay: parse_flag01(&a.nodelay, "--nodelay")?,
         split_writes: a.split_writes,
     })?;
@@ -416,5 +427,36 @@ fn pin_to_cpu(cpu: usize) -> Result<(), CmdError> {
     set.set(cpu);
     rustix::thread::sched_setaffinity(None, &set)
         .map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+    Ok(())
+}
+
+// --- `ping --raw shm`: the shared-memory floor (see `tensorwire_cli::raw_shm`).
+
+/// `ping --raw shm`: (target, samples, request bytes, tensor bytes). `--size`
+/// is ignored: 8 bytes (a sequence number) go each way, no tensor.
+fn ping_raw_shm(a: &Args, nodelay: bool) -> Result<(String, Vec<u64>, u64, u64), CmdError> {
+    if a.split_writes || !nodelay {
+        return Err("--split-writes and --nodelay apply to --raw unix|tcp, not shm".into());
+    }
+    let opts = ShmOptions {
+        iterations: a.iterations,
+        warmup: a.warmup,
+    };
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("raw-echo");
+    if let Some(cpu) = a.peer_cpu {
+        cmd.args(["--cpu", &cpu.to_string()]);
+    }
+    let samples = raw_shm::run_shm_ping(&opts, Some(&cmd))?;
+    Ok(("raw-shm".to_string(), samples, 8, 0))
+}
+
+/// The `raw-echo --shm PATH` peer: pinned first when asked, so the
+/// placement is in force before it reports ready.
+fn run_shm_echo(path: &std::path::Path, cpu: Option<usize>) -> Result<(), CmdError> {
+    if let Some(cpu) = cpu {
+        pin_to_cpu(cpu)?;
+    }
+    raw_shm::serve_shm_echo(path)?;
     Ok(())
 }
