@@ -27,6 +27,9 @@ enum Command {
     /// Classify the lines of a text file (the tweet classifier), or compare
     /// transports on it against the engine called directly.
     Classify(cmd::classify::Args),
+    /// (internal) Hold N idle sessions open (for measuring idle cost).
+    #[command(hide = true)]
+    Hold(cmd::hold::Args),
     /// (internal) The echo peer of `ping --raw`.
     #[command(hide = true)]
     RawEcho(cmd::ping::EchoArgs),
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Models(a) => cmd::models::run(a),
         Command::Ping(a) => cmd::ping::run(a),
         Command::Classify(a) => cmd::classify::run(a),
+        Command::Hold(a) => cmd::hold::run(a),
         Command::RawEcho(a) => cmd::ping::run_echo(a),
     };
     match result {

@@ -1,14 +1,18 @@
-//! [`Client`]: one session with an agent, over a socket or in-process.
+//! [`Client`]: one session with an agent, over a socket, shared memory or
+//! in-process.
 //!
 //! Requests carry ids; responses may come back in any order and are matched
 //! by id. There is no reader thread: a caller waiting for its response takes
 //! the reader role, reads frames, keeps the ones meant for others in a map
-//! and wakes them. A sender that finds the socket full reads responses while
-//! it waits, so pipelining large requests cannot deadlock against an agent
-//! that answers in order.
+//! and wakes them. A sender that finds the socket (or request ring) full
+//! reads responses while it waits, so pipelining large requests cannot
+//! deadlock against an agent that answers in order. The shared-memory
+//! specifics (arena allocation, in-place outputs, releases) are in
+//! [`crate::shm`].
 
 use crate::error::ClientError;
-use crate::tensor::{Tensor, TensorRef};
+use crate::shm::{Allocation, ShmLink};
+use crate::tensor::{Tensor, TensorBuf, TensorBytes, TensorRef};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -18,7 +22,8 @@ use transport::{Endpoint, RecvError, StreamConn, StreamWriter};
 use wire::{
     decode_error_body, decode_hello, decode_model_list, decode_signature, decode_tensor_section,
     encode_hello, encode_model_name, encode_tensor_section, flags, layout_payload, monotonic_ns,
-    BufPool, Header, Kind, Limits, ModelSignature, PooledBuf, TensorDesc, Timeline,
+    BufPool, DType, Header, Kind, Limits, ModelSignature, PooledBuf, TensorDesc, Timeline,
+    DESC_FIXED_LEN, MAX_DIMS,
 };
 
 /// How a client connects and waits.
@@ -60,6 +65,53 @@ struct Frame {
 enum Payload {
     Contiguous(PooledBuf),
     PerTensor(Vec<PooledBuf>),
+    /// Shared memory: the tensors are in the arena where the descriptors say.
+    Arena,
+}
+
+/// Tensor bytes the client itself has copied in user space, per session.
+///
+/// Over `shm://`, inputs sent with [`Client::alloc_tensor`] cost nothing and
+/// any other input is copied into the arena once; outputs are read in place.
+/// Over `unix://`/`tcp://` inputs go out straight from the caller's memory
+/// and responses are read by the kernel into their final buffer: the only
+/// user-space move is of the payload bytes that arrived in the 8 KiB header
+/// staging buffer (`staged_bytes`). Over `inproc://` the agent copies what
+/// it must (outputs that alias inputs), not the client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Input tensor bytes copied by the client (shm copy-in).
+    pub input_bytes_copied: u64,
+    /// Output tensor bytes copied by the client (none on any transport
+    /// today: outputs are read where they landed).
+    pub output_bytes_copied: u64,
+    /// Requests sent.
+    pub requests: u64,
+    /// Response payload bytes moved out of the socket's staging buffer
+    /// (`transport::StreamStats::staged_payload_bytes`; sockets only).
+    pub staged_bytes: u64,
+}
+
+#[derive(Default)]
+struct CopyCounters {
+    input: AtomicU64,
+    output: AtomicU64,
+    requests: AtomicU64,
+    staged: AtomicU64,
+}
+
+/// The shape of a shared-memory session's arena, and how much of the
+/// client's region is free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmInfo {
+    /// Bytes of the client's region (input tensors).
+    pub client_len: usize,
+    /// Bytes of the agent's region (outputs).
+    pub agent_len: usize,
+    /// Free bytes in the client region now.
+    pub client_free: usize,
+    /// The largest free block in the client region now.
+    pub client_largest_free: usize,
 }
 
 /// A model's outputs, with the agent's timeline when asked for.
@@ -106,6 +158,7 @@ enum Link {
         service: Arc<dyn InprocService>,
         replies: Mutex<HashMap<u64, InprocReply>>,
     },
+    Shm(Box<ShmLink>),
 }
 
 struct Inner {
@@ -117,6 +170,7 @@ struct Inner {
     next_id: AtomicU64,
     /// Recycled response buffers: a dropped response gives its buffer back.
     pool: Arc<BufPool>,
+    stats: CopyCounters,
 }
 
 /// A session with an agent. Cheap to clone; clones share the connection.
@@ -146,6 +200,9 @@ pub struct Ticket {
     id: u64,
     start_ns: u64,
     waited: bool,
+    /// Shared memory: the arena allocations the request reads, held until
+    /// its response has come (outputs that alias them hold them longer).
+    pins: Vec<Arc<Allocation>>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -163,7 +220,27 @@ impl Client {
     /// Connects to `uri` and exchanges the session hello.
     pub fn connect_with(uri: &str, opts: ClientOptions) -> Result<Client, ClientError> {
         let ep = Endpoint::parse(uri)?;
+        let mut shm_limits = None;
         let link = match &ep {
+            Endpoint::Shm(name) => {
+                let path = transport::shm::control_path(name).map_err(|source| {
+                    transport::TransportError::Io {
+                        what: "connect to",
+                        endpoint: ep.to_string(),
+                        source,
+                    }
+                })?;
+                // The Hello travels over the control socket; its id is 1.
+                let (link, limits) = ShmLink::connect(
+                    &path,
+                    &ep.to_string(),
+                    &opts.limits,
+                    1,
+                    opts.connect_timeout,
+                )?;
+                shm_limits = Some(limits);
+                Link::Shm(Box::new(link))
+            }
             Endpoint::Inproc(name) => Link::Inproc {
                 service: transport::inproc::lookup(name)
                     .ok_or_else(|| transport::TransportError::NoInprocAgent(name.clone()))?,
@@ -197,7 +274,19 @@ impl Client {
             limits: Limits::default(),
             next_id: AtomicU64::new(1),
             pool: BufPool::new(256 << 20, 8),
+            stats: CopyCounters::default(),
         };
+        if let (Some(limits), Link::Shm(s)) = (shm_limits, &inner.link) {
+            inner.next_id.store(2, Ordering::Relaxed);
+            inner.limits = limits;
+            // A response's outputs lie anywhere in the data area (aliased
+            // inputs in the client region, the rest in the agent's).
+            inner.recv_limits = limits;
+            inner.recv_limits.max_payload = limits.max_payload.max(s.layout().data_len as u64);
+            return Ok(Client {
+                inner: Arc::new(inner),
+            });
+        }
         let hello = encode_hello(&inner.opts.limits);
         let mut h = Header::new(Kind::Hello);
         h.desc_len = hello.len() as u32;
@@ -268,6 +357,69 @@ impl Client {
     pub fn wait(&self, ticket: Ticket) -> Result<Response, ClientError> {
         ticket.wait()
     }
+
+    /// A tensor of `dtype` and `shape` for the caller to fill in place and
+    /// send with [`TensorBuf::as_ref`]. Over `shm://` it is allocated in the
+    /// session's arena, so sending it copies nothing (a full arena is
+    /// [`ClientError::LimitExceeded`]); elsewhere it is an ordinary 64-byte
+    /// aligned buffer, so the same code runs on every transport.
+    pub fn alloc_tensor(&self, dtype: DType, shape: &[u64]) -> Result<TensorBuf, ClientError> {
+        if shape.len() > MAX_DIMS {
+            return Err(ClientError::InvalidInput(format!(
+                "{} dims, at most {MAX_DIMS} allowed",
+                shape.len()
+            )));
+        }
+        let len = TensorDesc::byte_len(dtype, shape)
+            .ok_or_else(|| ClientError::InvalidInput(format!("shape {shape:?} overflows")))?;
+        let max = self.inner.limits.max_payload;
+        if len > max {
+            return Err(ClientError::LimitExceeded(format!(
+                "a {dtype}{shape:?} tensor is {len} bytes, the session allows {max}"
+            )));
+        }
+        let len = usize::try_from(len)
+            .map_err(|_| ClientError::LimitExceeded(format!("{len} bytes do not fit memory")))?;
+        match &self.inner.link {
+            Link::Shm(s) => {
+                let a = s
+                    .allocator()
+                    .alloc(len)
+                    .map_err(crate::shm::NoSpace::into_error)?;
+                Ok(TensorBuf::arena(dtype, shape, len, a))
+            }
+            _ => TensorBuf::heap(dtype, shape, len),
+        }
+    }
+
+    /// Tensor bytes this client has copied in user space so far (see
+    /// [`CopyStats`]).
+    pub fn copy_stats(&self) -> CopyStats {
+        let s = &self.inner.stats;
+        CopyStats {
+            input_bytes_copied: s.input.load(Ordering::Relaxed),
+            output_bytes_copied: s.output.load(Ordering::Relaxed),
+            requests: s.requests.load(Ordering::Relaxed),
+            staged_bytes: s.staged.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The arena's regions and the client region's free space, on a
+    /// `shm://` session (`None` on other transports).
+    pub fn shm_info(&self) -> Option<ShmInfo> {
+        match &self.inner.link {
+            Link::Shm(s) => {
+                let (client_free, client_largest_free) = s.allocator().usage();
+                Some(ShmInfo {
+                    client_len: s.allocator().len(),
+                    agent_len: s.layout().agent_len(),
+                    client_free,
+                    client_largest_free,
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Model {
@@ -287,6 +439,11 @@ impl Model {
     }
 
     /// Sends a request without waiting; many may be in flight on one client.
+    ///
+    /// Over `shm://`, an input made by [`Client::alloc_tensor`] (or an
+    /// output that aliases one) is sent where it lies, without a copy, and
+    /// held until the response has come; any other input is copied into the
+    /// session's arena once.
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
         let start_ns = monotonic_ns();
         let inner = &self.client.inner;
@@ -304,7 +461,22 @@ impl Model {
                 limits.max_tensors
             )));
         }
-        let (offsets, payload_len) = layout_payload(inputs.iter().map(|t| t.data.len() as u64))
+        let shm = match &inner.link {
+            Link::Shm(s) => Some(s),
+            _ => None,
+        };
+        // Over shm tensors lie anywhere in the client region and the payload
+        // length is their sum; on streams they follow each other, aligned.
+        let (offsets, payload_len) = if shm.is_some() {
+            let total = inputs
+                .iter()
+                .try_fold(0u64, |acc, t| acc.checked_add(t.data.len() as u64));
+            (Vec::new(), total)
+        } else {
+            layout_payload(inputs.iter().map(|t| t.data.len() as u64))
+                .map_or((Vec::new(), None), |(o, l)| (o, Some(l)))
+        };
+        let payload_len = payload_len
             .ok_or_else(|| ClientError::LimitExceeded("payload size overflows".into()))?;
         if payload_len > limits.max_payload {
             return Err(ClientError::LimitExceeded(format!(
@@ -312,25 +484,41 @@ impl Model {
                 limits.max_payload
             )));
         }
-        let descs: Vec<TensorDesc> = inputs
+        let desc_len: usize = inputs
             .iter()
-            .zip(offsets)
-            .map(|(t, offset)| TensorDesc {
-                dtype: t.dtype,
-                shape: t.shape.to_vec(),
-                offset,
-                len: t.data.len() as u64,
-            })
-            .collect();
-        let mut desc = Vec::with_capacity(descs.iter().map(TensorDesc::encoded_len).sum());
-        encode_tensor_section(&descs, None, &mut desc);
-        if desc.len() > limits.max_desc_len as usize {
+            .map(|t| DESC_FIXED_LEN + 8 * t.shape.len())
+            .sum();
+        if desc_len > limits.max_desc_len as usize {
             return Err(ClientError::LimitExceeded(format!(
-                "descriptor section is {} bytes, the session allows {}",
-                desc.len(),
+                "descriptor section is {desc_len} bytes, the session allows {}",
                 limits.max_desc_len
             )));
         }
+        let (descs, pins) = match shm {
+            Some(s) => {
+                let placed = s.place_inputs(inputs)?;
+                inner
+                    .stats
+                    .input
+                    .fetch_add(placed.copied, Ordering::Relaxed);
+                (placed.descs, placed.pins)
+            }
+            None => (
+                inputs
+                    .iter()
+                    .zip(offsets)
+                    .map(|(t, offset)| TensorDesc {
+                        dtype: t.dtype,
+                        shape: t.shape.to_vec(),
+                        offset,
+                        len: t.data.len() as u64,
+                    })
+                    .collect(),
+                Vec::new(),
+            ),
+        };
+        let mut desc = Vec::with_capacity(desc_len);
+        encode_tensor_section(&descs, None, &mut desc);
         let mut h = Header::new(Kind::Request);
         h.request_id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         h.model_id = self.info.id;
@@ -340,13 +528,19 @@ impl Model {
         if inner.opts.want_timeline {
             h.flags |= flags::WANT_TIMELINE;
         }
-        let tensors: Vec<&[u8]> = inputs.iter().map(|t| t.data).collect();
-        inner.send(&h, &desc, &tensors)?;
+        if shm.is_some() {
+            inner.send(&h, &desc, &[])?;
+        } else {
+            let tensors: Vec<&[u8]> = inputs.iter().map(|t| t.data).collect();
+            inner.send(&h, &desc, &tensors)?;
+        }
+        inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         Ok(Ticket {
             client: self.client.clone(),
             id: h.request_id,
             start_ns,
             waited: false,
+            pins,
         })
     }
 }
@@ -360,8 +554,16 @@ impl Ticket {
     /// Waits for this request's response.
     pub fn wait(mut self) -> Result<Response, ClientError> {
         self.waited = true;
-        let frame = self.client.inner.wait_for(self.id)?;
-        let mut r = into_response(frame)?;
+        let pins = std::mem::take(&mut self.pins);
+        let inner = &self.client.inner;
+        let frame = match inner.wait_for(self.id) {
+            Ok(f) => f,
+            Err(e) => {
+                inner.keep_pins(self.id, pins);
+                return Err(e);
+            }
+        };
+        let mut r = inner.response_from(self.id, frame, &pins)?;
         r.client_start_ns = self.start_ns;
         Ok(r)
     }
@@ -370,7 +572,8 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.waited {
-            self.client.inner.abandon(self.id);
+            let pins = std::mem::take(&mut self.pins);
+            self.client.inner.abandon(self.id, pins);
         }
     }
 }
@@ -385,6 +588,16 @@ impl Inner {
 
     fn send(&self, h: &Header, desc: &[u8], tensors: &[&[u8]]) -> Result<(), ClientError> {
         match &self.link {
+            Link::Shm(s) => {
+                debug_assert!(tensors.is_empty(), "shm tensors travel in the arena");
+                s.send(
+                    h,
+                    desc,
+                    &self.recv_limits,
+                    self.opts.timeout,
+                    self.limits.max_in_flight,
+                )
+            }
             Link::Inproc { service, replies } => {
                 let reply = service.call(InprocRequest {
                     header: *h,
@@ -477,6 +690,9 @@ impl Inner {
         let (header, desc) = conn.recv_head(&self.recv_limits)?;
         let mut payload = self.pool.take(header.payload_len as usize)?;
         conn.recv_payload(&mut payload)?;
+        self.stats
+            .staged
+            .store(conn.stats().staged_payload_bytes, Ordering::Relaxed);
         Ok(Frame {
             header,
             desc,
@@ -494,6 +710,14 @@ impl Inner {
                     header: r.header,
                     desc: r.desc,
                     payload: Payload::PerTensor(r.tensors),
+                });
+            }
+            Link::Shm(s) => {
+                let (header, desc) = s.wait_for(id, self.opts.timeout, &self.recv_limits)?;
+                return Ok(Frame {
+                    header,
+                    desc,
+                    payload: Payload::Arena,
                 });
             }
             Link::Stream(s) => s,
@@ -538,11 +762,12 @@ impl Inner {
         }
     }
 
-    fn abandon(&self, id: u64) {
+    fn abandon(&self, id: u64, pins: Vec<Arc<Allocation>>) {
         match &self.link {
             Link::Inproc { replies, .. } => {
                 lock(replies).remove(&id);
             }
+            Link::Shm(s) => s.abandon(id, pins),
             Link::Stream(s) => {
                 let mut sh = lock(&s.shared);
                 if sh.completed.remove(&id).is_none() && sh.pending.contains(&id) {
@@ -550,6 +775,37 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+impl Inner {
+    /// A failed wait leaves the request's arena allocations with it until
+    /// its response comes (shared memory only).
+    fn keep_pins(&self, id: u64, pins: Vec<Arc<Allocation>>) {
+        if let Link::Shm(s) = &self.link {
+            s.keep_pins(id, pins);
+        }
+    }
+
+    fn response_from(
+        &self,
+        id: u64,
+        f: Frame,
+        pins: &[Arc<Allocation>],
+    ) -> Result<Response, ClientError> {
+        let Link::Shm(s) = &self.link else {
+            return into_response(f);
+        };
+        if f.header.kind != Kind::Response {
+            expect_kind(&f, Kind::Response)?;
+        }
+        let (outputs, timeline) = s.outputs(id, &f.header, &f.desc, pins)?;
+        Ok(Response {
+            outputs,
+            timeline,
+            client_start_ns: 0,
+            client_done_ns: monotonic_ns(),
+        })
     }
 }
 
@@ -583,7 +839,7 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
                     "response payload length mismatch".into(),
                 ));
             }
-            let buf = Arc::new(buf);
+            let buf: Arc<dyn TensorBytes> = Arc::new(buf);
             section
                 .tensors
                 .into_iter()
@@ -613,6 +869,12 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
                     Ok(Tensor::new(d.dtype, d.shape, Arc::new(b), 0..n))
                 })
                 .collect::<Result<_, _>>()?
+        }
+        Payload::Arena => {
+            return Err(ClientError::Protocol(format!(
+                "arena response {} outside a shared-memory session",
+                f.header.request_id
+            )))
         }
     };
     Ok(Response {

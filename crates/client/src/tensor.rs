@@ -1,10 +1,12 @@
-//! Tensors going in ([`TensorRef`], borrowed from the caller) and coming out
-//! ([`Tensor`], sharing the response's buffer).
+//! Tensors going in ([`TensorRef`], borrowed from the caller; [`TensorBuf`],
+//! allocated by the client so that it can live in a shared-memory arena) and
+//! coming out ([`Tensor`], viewing the response's memory in place).
 
 use crate::error::ClientError;
+use crate::shm::Allocation;
 use std::ops::Range;
 use std::sync::Arc;
-use wire::{DType, PooledBuf, TensorDesc};
+use wire::{AlignedBuf, DType, PooledBuf, TensorDesc};
 
 /// Rust element types with a tensorwire dtype.
 pub trait Element: bytemuck::Pod {
@@ -57,23 +59,50 @@ impl<'a> TensorRef<'a> {
     }
 }
 
-/// An output tensor. Its bytes live in the response buffer it shares with
-/// the other outputs of the same response (no copy per output).
-#[derive(Clone, Debug)]
+/// Memory an output [`Tensor`] borrows its bytes from: a response buffer
+/// read from a socket, an in-process reply, or a shared-memory arena (an
+/// input allocation the output aliases, or the agent's region of a
+/// response, released to the agent when the last view of it is dropped).
+pub(crate) trait TensorBytes: Send + Sync {
+    /// The bytes; a tensor is a range of them.
+    fn bytes(&self) -> &[u8];
+}
+
+impl TensorBytes for PooledBuf {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// An output tensor. Its bytes are read in place: in the response buffer it
+/// shares with the other outputs of the same response (sockets, in-process),
+/// or in the session's shared-memory arena (`shm://`), where it holds the
+/// memory it views until it is dropped.
+#[derive(Clone)]
 pub struct Tensor {
     /// Element type.
     pub dtype: DType,
     /// Dimensions.
     pub shape: Vec<u64>,
-    buf: Arc<PooledBuf>,
+    buf: Arc<dyn TensorBytes>,
     range: Range<usize>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("len", &self.range.len())
+            .finish()
+    }
 }
 
 impl Tensor {
     pub(crate) fn new(
         dtype: DType,
         shape: Vec<u64>,
-        buf: Arc<PooledBuf>,
+        buf: Arc<dyn TensorBytes>,
         range: Range<usize>,
     ) -> Tensor {
         Tensor {
@@ -86,25 +115,222 @@ impl Tensor {
 
     /// The raw bytes (little-endian, C order, 64-byte aligned).
     pub fn bytes(&self) -> &[u8] {
-        self.buf.get(self.range.clone()).unwrap_or(&[])
+        self.buf.bytes().get(self.range.clone()).unwrap_or(&[])
     }
 
     /// The elements as a typed slice, borrowed in place.
     pub fn as_slice<T: Element>(&self) -> Result<&[T], ClientError> {
-        if T::DTYPE != self.dtype {
-            return Err(ClientError::InvalidInput(format!(
-                "tensor is {}, not {}",
-                self.dtype,
-                T::DTYPE
-            )));
-        }
-        bytemuck::try_cast_slice(self.bytes())
-            .map_err(|e| ClientError::Protocol(format!("tensor bytes misaligned: {e}")))
+        typed(self.dtype, self.bytes())
     }
 
     /// The elements copied into a `Vec`.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, ClientError> {
         self.as_slice().map(<[T]>::to_vec)
+    }
+
+    /// This output as an input to another request (no copy on any
+    /// transport: over `shm://` an output that aliases an input allocation
+    /// is sent in place again).
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        TensorRef {
+            dtype: self.dtype,
+            shape: &self.shape,
+            data: self.bytes(),
+        }
+    }
+}
+
+fn typed<T: Element>(dtype: DType, bytes: &[u8]) -> Result<&[T], ClientError> {
+    if T::DTYPE != dtype {
+        return Err(ClientError::InvalidInput(format!(
+            "tensor is {dtype}, not {}",
+            T::DTYPE
+        )));
+    }
+    bytemuck::try_cast_slice(bytes)
+        .map_err(|e| ClientError::Protocol(format!("tensor bytes misaligned: {e}")))
+}
+
+fn typed_mut<T: Element>(dtype: DType, bytes: &mut [u8]) -> Result<&mut [T], ClientError> {
+    if T::DTYPE != dtype {
+        return Err(ClientError::InvalidInput(format!(
+            "tensor is {dtype}, not {}",
+            T::DTYPE
+        )));
+    }
+    bytemuck::try_cast_slice_mut(bytes)
+        .map_err(|e| ClientError::Protocol(format!("tensor bytes misaligned: {e}")))
+}
+
+enum Store {
+    /// An allocation in the client region of a shared-memory arena.
+    Arena(Arc<Allocation>),
+    /// Ordinary memory (every other transport).
+    Heap(AlignedBuf),
+}
+
+/// A tensor the caller fills in place and then sends, made by
+/// [`Client::alloc_tensor`](crate::Client::alloc_tensor).
+///
+/// Over `shm://` its bytes live in the session's arena, so sending it
+/// ([`TensorBuf::as_ref`] passed to `infer`/`submit`) copies nothing: the
+/// agent reads it where it is. On other transports it is an ordinary
+/// 64-byte aligned buffer, so the same code works everywhere.
+///
+/// While a request that reads it is in flight, or while an output that
+/// aliases it (the identity model's) is alive, the allocation is shared:
+/// writing to it then is refused ([`TensorBuf::try_as_mut_bytes`] returns
+/// `None`; `DerefMut` and [`TensorBuf::as_mut_slice`] panic / fail) so
+/// nothing can change bytes that are being read. Its memory returns to the
+/// arena when it and everything sharing it are dropped.
+///
+/// A fresh arena allocation holds whatever its range last held (zeroes the
+/// first time): overwrite all of it.
+pub struct TensorBuf {
+    dtype: DType,
+    shape: Vec<u64>,
+    len: usize,
+    store: Store,
+}
+
+impl std::fmt::Debug for TensorBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorBuf")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("len", &self.len)
+            .field("in_arena", &self.in_arena())
+            .finish()
+    }
+}
+
+impl TensorBuf {
+    pub(crate) fn heap(dtype: DType, shape: &[u64], len: usize) -> Result<TensorBuf, ClientError> {
+        let buf = AlignedBuf::zeroed(len).map_err(|e| {
+            ClientError::LimitExceeded(format!("cannot allocate a {len}-byte tensor: {e}"))
+        })?;
+        Ok(TensorBuf {
+            dtype,
+            shape: shape.to_vec(),
+            len,
+            store: Store::Heap(buf),
+        })
+    }
+
+    pub(crate) fn arena(dtype: DType, shape: &[u64], len: usize, a: Arc<Allocation>) -> TensorBuf {
+        debug_assert!(a.len() >= len);
+        TensorBuf {
+            dtype,
+            shape: shape.to_vec(),
+            len,
+            store: Store::Arena(a),
+        }
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Dimensions.
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a tensor of zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when the bytes live in a shared-memory arena (sent without a copy).
+    pub fn in_arena(&self) -> bool {
+        matches!(self.store, Store::Arena(_))
+    }
+
+    /// The tensor, to pass to [`Model::infer`](crate::Model::infer) or
+    /// [`Model::submit`](crate::Model::submit).
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        TensorRef {
+            dtype: self.dtype,
+            shape: &self.shape,
+            data: self.bytes(),
+        }
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.store {
+            Store::Arena(a) => &a.bytes()[..self.len],
+            Store::Heap(b) => b.as_slice(),
+        }
+    }
+
+    /// The bytes, writable — `None` while a request in flight or an output
+    /// still shares them.
+    pub fn try_as_mut_bytes(&mut self) -> Option<&mut [u8]> {
+        let len = self.len;
+        match &mut self.store {
+            Store::Arena(a) => {
+                if Arc::strong_count(a) != 1 {
+                    return None;
+                }
+                // SAFETY: only this buffer holds the allocation (the
+                // allocator's lookup table keeps a `Weak`): no request pins
+                // it and no output views it. Another holder could only
+                // appear through a lookup of a slice of these bytes, and any
+                // such slice borrows `self`, which `&mut self` excludes for
+                // as long as the returned slice lives.
+                Some(unsafe { &mut a.bytes_mut()[..len] })
+            }
+            Store::Heap(b) => Some(b.as_mut_slice()),
+        }
+    }
+
+    /// The bytes, writable. Panics while a request in flight or an output
+    /// (e.g. the identity model's, which aliases its input) still shares
+    /// them; see [`TensorBuf::try_as_mut_bytes`].
+    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
+        self.try_as_mut_bytes().expect(
+            "TensorBuf is shared with a request in flight or an output that aliases it: \
+             wait for the request and drop those outputs before writing to it",
+        )
+    }
+
+    /// The elements as a typed slice.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T], ClientError> {
+        typed(self.dtype, self.bytes())
+    }
+
+    /// The elements as a typed, writable slice (an error while the buffer
+    /// is shared; see [`TensorBuf::try_as_mut_bytes`]).
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], ClientError> {
+        let dtype = self.dtype;
+        let bytes = self.try_as_mut_bytes().ok_or_else(|| {
+            ClientError::InvalidInput(
+                "the tensor is still shared with a request in flight or an output that \
+                 aliases it"
+                    .into(),
+            )
+        })?;
+        typed_mut(dtype, bytes)
+    }
+}
+
+impl std::ops::Deref for TensorBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl std::ops::DerefMut for TensorBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_bytes()
     }
 }
 
@@ -122,13 +348,36 @@ mod tests {
 
     #[test]
     fn typed_access() {
-        let buf = Arc::new(
-            wire::AlignedBuf::copy_from(bytemuck::cast_slice(&[1f32, 2.0]))
-                .unwrap()
-                .into(),
-        );
-        let t = Tensor::new(DType::F32, vec![2], buf, 0..8);
+        let buf: PooledBuf = AlignedBuf::copy_from(bytemuck::cast_slice(&[1f32, 2.0]))
+            .unwrap()
+            .into();
+        let t = Tensor::new(DType::F32, vec![2], Arc::new(buf), 0..8);
         assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
         assert!(t.as_slice::<i32>().is_err());
+        let r = t.as_ref();
+        assert_eq!(
+            (r.dtype, r.shape, r.data),
+            (DType::F32, &[2u64][..], t.bytes())
+        );
+    }
+
+    #[test]
+    fn heap_tensor_buf_is_typed_and_writable() {
+        let mut b = TensorBuf::heap(DType::I32, &[2, 3], 24).unwrap();
+        assert!(!b.in_arena());
+        assert_eq!(
+            (b.len(), b.shape(), b.dtype()),
+            (24, &[2u64, 3][..], DType::I32)
+        );
+        b.as_mut_slice::<i32>()
+            .unwrap()
+            .copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+        assert!(b.as_mut_slice::<f32>().is_err(), "dtype checked");
+        assert_eq!(b.as_slice::<i32>().unwrap(), &[1, 2, 3, 4, 5, 6]);
+        b[0] = 9;
+        assert_eq!(b.as_ref().data[0], 9);
+        assert_eq!(b.as_ptr() as usize % 64, 0);
+        let e = TensorBuf::heap(DType::U8, &[0], 0).unwrap();
+        assert!(e.is_empty() && e.as_ref().data.is_empty());
     }
 }

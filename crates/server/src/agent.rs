@@ -2,17 +2,25 @@
 //!
 //! Start-up is all or nothing: every model loads and every endpoint binds,
 //! or the agent does not start and the error names what failed. Each
-//! listener has an accept thread; each connection a session thread.
-//! Shutdown refuses new requests (clients get `shutting-down`), lets the
-//! requests in flight finish and send their responses, closes every
-//! connection, and removes the Unix socket files.
+//! listener has an accept thread; each connection a session thread (socket
+//! sessions: [`session`]; shared-memory sessions, accepted on the control
+//! socket of `shm://name`: [`shm_session`], which also bootstraps the
+//! arena on that thread, so a slow client never holds up the accept
+//! thread). Socket and shared-memory connections share one table and one
+//! `max_connections`. Shutdown refuses new requests (clients get
+//! `shutting-down`), lets the requests in flight finish and send their
+//! responses, closes every connection, and removes the Unix socket files
+//! (shm control sockets included).
 
 use crate::config::{AgentConfig, ConfigError};
 use crate::dispatch::{AgentCore, Reply};
 use crate::inproc::InprocAgent;
 use crate::registry::ModelRegistry;
 use crate::session;
+use crate::shm_session::{self, ShmHandle, ShmSettings};
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -20,7 +28,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use transport::inproc::Registration;
 use transport::{Endpoint, Listener, ListenerWaker, StreamConn, StreamWriter, TransportError};
-use wire::Status;
+use wire::{Header, Status};
 
 /// Why an agent could not start.
 #[derive(Debug, Error)]
@@ -54,12 +62,41 @@ pub struct AgentStats {
     pub errors: u64,
     /// Requests in flight now.
     pub in_flight: usize,
+    /// Shared-memory sessions open now (also counted in `connections`).
+    pub shm_sessions: usize,
+    /// Output bytes the agent copied into shared-memory arenas since start
+    /// (owned engine outputs copied into a session's output region).
+    pub shm_output_bytes_copied: u64,
+    /// Output bytes engines wrote straight into arenas since start.
+    pub shm_output_bytes_in_place: u64,
+    /// Output bytes answered by pointing at the input they alias (identity)
+    /// since start: nothing written.
+    pub shm_output_bytes_aliased: u64,
+}
+
+/// How shutdown reaches an open connection.
+enum Conn {
+    /// A socket session: shutting its socket down ends its blocked read.
+    Stream(StreamWriter),
+    /// A shared-memory session.
+    Shm(Arc<ShmHandle>),
+}
+
+impl Conn {
+    fn close(&self) {
+        match self {
+            Conn::Stream(w) => {
+                let _ = w.shutdown();
+            }
+            Conn::Shm(h) => h.close(),
+        }
+    }
 }
 
 /// Open connections, so shutdown can close them.
 #[derive(Default)]
 struct ConnTable {
-    open: Mutex<HashMap<u64, StreamWriter>>,
+    open: Mutex<HashMap<u64, Conn>>,
     closed: Condvar,
     next: AtomicU64,
     accepted: AtomicU64,
@@ -110,11 +147,6 @@ impl Agent {
                     inproc.push(reg);
                     endpoints.push(ep.clone());
                 }
-                Endpoint::Shm(_) => {
-                    return Err(AgentError::Inproc(format!(
-                        "{ep}: the agent does not serve shared-memory sessions yet"
-                    )))
-                }
                 _ => {
                     let l = Listener::bind(ep)?;
                     endpoints.push(l.endpoint().clone());
@@ -131,10 +163,18 @@ impl Agent {
             })?;
             let (core, conns) = (core.clone(), conns.clone());
             let (max, stall) = (cfg.max_connections, cfg.stall_timeout);
+            let shm = matches!(l.endpoint(), Endpoint::Shm(_)).then(|| ShmSettings {
+                sizes: cfg.shm_sizes(),
+                spin: Duration::from_micros(cfg.shm_spin_us),
+                stall,
+            });
             let name = format!("tw-accept-{}", acceptors.len());
             let handle = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || accept_loop(l, core, conns, max, stall))
+                .spawn(move || match shm {
+                    None => accept_loop(l, core, conns, max, stall),
+                    Some(shm) => accept_shm_loop(l, core, conns, max, shm),
+                })
                 .map_err(|e| AgentError::Inproc(format!("cannot spawn accept thread: {e}")))?;
             acceptors.push((waker, handle));
         }
@@ -147,7 +187,8 @@ impl Agent {
         })
     }
 
-    /// The endpoints listened on (TCP port 0 resolved to the real port).
+    /// The endpoints listened on (TCP port 0 resolved to the real port;
+    /// `shm://name` as given).
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints
     }
@@ -159,14 +200,22 @@ impl Agent {
 
     /// Current counters.
     pub fn stats(&self) -> AgentStats {
-        let open = self.conns.open.lock().map_or(0, |m| m.len());
+        let (open, shm) = self.conns.open.lock().map_or((0, 0), |m| {
+            let shm = m.values().filter(|c| matches!(c, Conn::Shm(_))).count();
+            (m.len(), shm)
+        });
+        let c = &self.core.counters;
         AgentStats {
             connections: open,
             accepted: self.conns.accepted.load(Ordering::Relaxed),
             refused: self.conns.refused.load(Ordering::Relaxed),
-            responses: self.core.counters.responses.load(Ordering::Relaxed),
-            errors: self.core.counters.errors.load(Ordering::Relaxed),
+            responses: c.responses.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
             in_flight: self.core.in_flight(),
+            shm_sessions: shm,
+            shm_output_bytes_copied: c.shm_output_bytes_copied.load(Ordering::Relaxed),
+            shm_output_bytes_in_place: c.shm_output_bytes_in_place.load(Ordering::Relaxed),
+            shm_output_bytes_aliased: c.shm_output_bytes_aliased.load(Ordering::Relaxed),
         }
     }
 
@@ -188,8 +237,8 @@ impl Agent {
         let unfinished = self.core.close_and_drain(grace);
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut open = self.conns.open.lock().unwrap_or_else(|p| p.into_inner());
-        for w in open.values() {
-            let _ = w.shutdown();
+        for c in open.values() {
+            c.close();
         }
         while !open.is_empty() && Instant::now() < deadline {
             open = self
@@ -198,6 +247,12 @@ impl Agent {
                 .wait_timeout(open, Duration::from_millis(50))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            // Again: a shared-memory session thread that was between its
+            // spin and its sleep when woken would otherwise sleep out its
+            // slice; closing twice is harmless.
+            for c in open.values() {
+                c.close();
+            }
         }
         unfinished
     }
@@ -221,17 +276,8 @@ fn accept_loop(
     loop {
         let conn = match l.accept() {
             Ok(c) => c,
-            Err(_) if core.is_closing() => break,
-            Err(e) => {
-                // The waker shuts the socket down; any other error (EMFILE...)
-                // is transient: back off briefly instead of spinning.
-                if e.raw_os_error() == Some(22) {
-                    break;
-                }
-                eprintln!("tensorwire agent: accept on {} failed: {e}", l.endpoint());
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            }
+            Err(e) if accept_failed(&l, &core, &e) => break,
+            Err(_) => continue,
         };
         if core.is_closing() {
             break;
@@ -242,33 +288,96 @@ fn accept_loop(
             Ok(w) => w,
             Err(_) => continue,
         };
-        let id = conns.next.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut open = conns.open.lock().unwrap_or_else(|p| p.into_inner());
-            if open.len() >= max {
-                drop(open);
-                conns.refused.fetch_add(1, Ordering::Relaxed);
-                refuse(&conn, max);
-                continue;
-            }
-            open.insert(id, writer);
+        let Some(id) = conns.register(Conn::Stream(writer), max) else {
+            refuse(&conn, max);
+            continue;
+        };
+        let core = core.clone();
+        conns.spawn(id, move || session::serve(core, conn));
+    }
+}
+
+/// The accept loop of an `shm://` control socket: accepts only; the
+/// bootstrap (arena creation, Hello) happens on the session's thread.
+fn accept_shm_loop(
+    l: Listener,
+    core: Arc<AgentCore>,
+    conns: Arc<ConnTable>,
+    max: usize,
+    shm: ShmSettings,
+) {
+    loop {
+        let sock = match l.accept_unix() {
+            Ok(s) => s,
+            Err(e) if accept_failed(&l, &core, &e) => break,
+            Err(_) => continue,
+        };
+        if core.is_closing() {
+            break;
         }
-        conns.accepted.fetch_add(1, Ordering::Relaxed);
-        let (core, conns2) = (core.clone(), conns.clone());
+        // Shutdown closes the session through a second handle on the same
+        // socket (and wakes its thread once the arena exists).
+        let Ok(clone) = sock.try_clone() else {
+            continue;
+        };
+        let handle = Arc::new(ShmHandle::new(clone));
+        let Some(id) = conns.register(Conn::Shm(handle.clone()), max) else {
+            refuse_shm(sock, max);
+            continue;
+        };
+        let core = core.clone();
+        conns.spawn(id, move || shm_session::serve(core, sock, shm, &handle));
+    }
+}
+
+/// After a failed accept: true when the loop should stop (shutdown woke
+/// it); other errors (EMFILE...) are transient: back off briefly instead
+/// of spinning.
+fn accept_failed(l: &Listener, core: &AgentCore, e: &std::io::Error) -> bool {
+    // The waker shuts the socket down: accept fails with EINVAL.
+    if core.is_closing() || e.raw_os_error() == Some(22) {
+        return true;
+    }
+    eprintln!("tensorwire agent: accept on {} failed: {e}", l.endpoint());
+    std::thread::sleep(Duration::from_millis(20));
+    false
+}
+
+impl ConnTable {
+    /// Adds a connection unless `max` are open; returns its id.
+    fn register(&self, conn: Conn, max: usize) -> Option<u64> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.len() >= max {
+            drop(open);
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        open.insert(id, conn);
+        drop(open);
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+        Some(id)
+    }
+
+    /// Runs `serve` on a new session thread; the connection leaves the
+    /// table when it returns (or panics).
+    fn spawn(self: &Arc<Self>, id: u64, serve: impl FnOnce() + Send + 'static) {
+        let conns = self.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("tw-session-{id}"))
             .spawn(move || {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    session::serve(core, conn)
-                }));
-                let mut open = conns2.open.lock().unwrap_or_else(|p| p.into_inner());
-                open.remove(&id);
-                conns2.closed.notify_all();
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(serve));
+                conns.remove(id);
             });
         if spawned.is_err() {
-            let mut open = conns.open.lock().unwrap_or_else(|p| p.into_inner());
-            open.remove(&id);
+            self.remove(id);
         }
+    }
+
+    fn remove(&self, id: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.remove(&id);
+        self.closed.notify_all();
     }
 }
 
@@ -279,4 +388,21 @@ fn refuse(conn: &StreamConn, max: usize) {
         &format!("the agent already serves {max} connections"),
     );
     let _ = conn.send(&r.header, &r.desc, &[]);
+}
+
+/// Refuses a shared-memory client: answers its Hello with an Error (read
+/// briefly first, so the client's write of it does not fail and its
+/// request id is echoed), then closes.
+fn refuse_shm(mut sock: UnixStream, max: usize) {
+    let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
+    let _ = sock.set_write_timeout(Some(Duration::from_millis(100)));
+    let mut hello = [0u8; 128];
+    let n = sock.read(&mut hello).unwrap_or(0);
+    let id = Header::decode(&hello[..n]).map_or(0, |h| h.request_id);
+    let r = Reply::error(
+        id,
+        Status::LimitExceeded,
+        &format!("the agent already serves {max} connections"),
+    );
+    let _ = sock.write_all(&[&r.header.encode()[..], &r.desc].concat());
 }

@@ -18,14 +18,26 @@
 //! max_connections = 1024   # agent-wide
 //! max_total_payload = 2147483648  # agent-wide: request payload bytes held at once
 //! stall_timeout_ms = 30000 # a peer silent this long mid-message is dropped
+//!
+//! [shm]                    # shared-memory sessions (shm://name); defaults shown
+//! spin_us = 50             # a session thread spins this long before sleeping
+//! client_bytes = 268435456 # each session's input region (virtual until touched)
+//! agent_bytes = 67108864   # each session's output region
+//! ring_slots = 256         # 64-byte slots per ring (a power of two, 8..=65536)
 //! ```
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
+use transport::shm::ShmSizes;
 use transport::Endpoint;
 use wire::Limits;
+
+/// Longest spin budget a shared-memory session may be given (10 ms): a
+/// session thread that spins longer mostly burns a core another thread
+/// (an engine's) could use.
+pub const MAX_SHM_SPIN_US: u64 = 10_000;
 
 /// A configuration that cannot be used.
 #[derive(Debug, Error)]
@@ -96,6 +108,15 @@ struct LimitsFile {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ShmFile {
+    spin_us: Option<u64>,
+    client_bytes: Option<usize>,
+    agent_bytes: Option<usize>,
+    ring_slots: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ConfigFile {
     #[serde(default)]
     listen: Vec<String>,
@@ -105,6 +126,8 @@ struct ConfigFile {
     inter_threads: Option<usize>,
     #[serde(default)]
     limits: LimitsFile,
+    #[serde(default)]
+    shm: ShmFile,
 }
 
 /// Everything an agent needs to start.
@@ -126,8 +149,23 @@ pub struct AgentConfig {
     /// agent-wide (a request over it is refused with `limit-exceeded`).
     pub max_total_payload: u64,
     /// How long a peer may stall in the middle of a message before its
-    /// connection is dropped (also bounds a blocked response write).
+    /// connection is dropped (also bounds a blocked response write, and how
+    /// long a shared-memory session waits for room in a response ring its
+    /// client does not drain).
     pub stall_timeout: Duration,
+    /// Shared-memory sessions: how long (µs) a session thread spins on its
+    /// request ring before it sleeps on the arena's futex (0 = sleep at
+    /// once). Spinning answers a client that sends again within the budget
+    /// without a wake-up (~5 µs each way here) but burns that core.
+    pub shm_spin_us: u64,
+    /// Shared-memory sessions: bytes of each session's client region (where
+    /// the client places input tensors; also bounds a message's payload).
+    pub shm_client_bytes: usize,
+    /// Shared-memory sessions: bytes of each session's agent region (where
+    /// outputs are written until the client releases them).
+    pub shm_agent_bytes: usize,
+    /// Shared-memory sessions: 64-byte slots per ring (a power of two).
+    pub shm_ring_slots: u32,
 }
 
 impl Default for AgentConfig {
@@ -141,6 +179,10 @@ impl Default for AgentConfig {
             max_connections: 1024,
             max_total_payload: 2 << 30,
             stall_timeout: Duration::from_secs(30),
+            shm_spin_us: 50,
+            shm_client_bytes: ShmSizes::default().client_len,
+            shm_agent_bytes: ShmSizes::default().agent_len,
+            shm_ring_slots: ShmSizes::default().ring_capacity,
         }
     }
 }
@@ -198,7 +240,21 @@ impl AgentConfig {
         if let Some(ms) = l.stall_timeout_ms {
             cfg.stall_timeout = Duration::from_millis(ms);
         }
+        let m = &f.shm;
+        cfg.shm_spin_us = m.spin_us.unwrap_or(cfg.shm_spin_us);
+        cfg.shm_client_bytes = m.client_bytes.unwrap_or(cfg.shm_client_bytes);
+        cfg.shm_agent_bytes = m.agent_bytes.unwrap_or(cfg.shm_agent_bytes);
+        cfg.shm_ring_slots = m.ring_slots.unwrap_or(cfg.shm_ring_slots);
         Ok(cfg)
+    }
+
+    /// The arena sizes of a shared-memory session.
+    pub fn shm_sizes(&self) -> ShmSizes {
+        ShmSizes {
+            ring_capacity: self.shm_ring_slots,
+            client_len: self.shm_client_bytes,
+            agent_len: self.shm_agent_bytes,
+        }
     }
 
     /// Checks that every setting is usable; call before starting an agent.
@@ -246,6 +302,26 @@ impl AgentConfig {
         }
         if self.stall_timeout.is_zero() {
             return bad("stall_timeout_ms must be positive".into());
+        }
+        if self.shm_spin_us > MAX_SHM_SPIN_US {
+            return bad(format!(
+                "shm spin_us must be 0..={MAX_SHM_SPIN_US}, not {}",
+                self.shm_spin_us
+            ));
+        }
+        if !self.shm_ring_slots.is_power_of_two() || !(8..=65536).contains(&self.shm_ring_slots) {
+            return bad(format!(
+                "shm ring_slots must be a power of two in 8..=65536, not {}",
+                self.shm_ring_slots
+            ));
+        }
+        for (what, n) in [
+            ("client_bytes", self.shm_client_bytes),
+            ("agent_bytes", self.shm_agent_bytes),
+        ] {
+            if !(4096..=1 << 40).contains(&(n as u64)) {
+                return bad(format!("shm {what} must be 4 KiB..=1 TiB, not {n}"));
+            }
         }
         let mut names = std::collections::HashSet::new();
         for m in &self.models {
@@ -322,5 +398,52 @@ mod tests {
             .push(ModelConfig::parse_flag("a=y.onnx").unwrap());
         assert!(cfg.validate().is_err());
         assert!(ModelConfig::parse_flag("nopath").is_err());
+    }
+
+    #[test]
+    fn shm_settings_parse_and_are_checked() {
+        let cfg = AgentConfig::default();
+        assert_eq!(cfg.shm_spin_us, 50);
+        assert_eq!(cfg.shm_sizes(), ShmSizes::default());
+        let cfg = AgentConfig::from_toml(
+            "listen = [\"shm://x\"]\n[shm]\nspin_us = 0\nclient_bytes = 65536\n\
+             agent_bytes = 8192\nring_slots = 16\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.shm_spin_us, 0);
+        assert_eq!(
+            cfg.shm_sizes(),
+            ShmSizes {
+                ring_capacity: 16,
+                client_len: 65536,
+                agent_len: 8192
+            }
+        );
+        cfg.validate().unwrap();
+        assert!(AgentConfig::from_toml("[shm]\nspin = 1").is_err());
+        for bad in [
+            AgentConfig {
+                shm_ring_slots: 12,
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                shm_ring_slots: 4,
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                shm_spin_us: MAX_SHM_SPIN_US + 1,
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                shm_agent_bytes: 100,
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                shm_client_bytes: 0,
+                ..AgentConfig::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 }

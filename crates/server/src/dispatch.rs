@@ -7,6 +7,16 @@
 //! descriptors against the limits and the model's signature (the payload is
 //! still unread), then [`AgentCore::execute`] runs the model on views over
 //! the payload wherever it landed.
+//!
+//! `execute` is made of parts a transport with its own output placement
+//! (shared memory) uses directly, so the checks stay shared:
+//! [`AgentCore::prepare_in`] (descriptors placed in a region rather than a
+//! payload), [`AgentCore::run`] / [`AgentCore::run_into`] (the model through
+//! its queue, errors mapped to replies), [`AgentCore::check_outputs`] (what
+//! the engine produced matches its dtypes and shapes) and
+//! [`AgentCore::respond`] (the Response header and descriptor section for
+//! tensors placed wherever the transport put them, timeline stamped, checked
+//! against the session's limits).
 
 use crate::registry::{ModelEntry, ModelRegistry};
 use engine::{Output, OutputData, TensorView};
@@ -17,9 +27,9 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 use wire::BufPool;
 use wire::{
-    decode_hello, decode_model_name, decode_tensor_section, encode_error_body, encode_hello,
+    decode_hello, decode_model_name, decode_tensor_section_in, encode_error_body, encode_hello,
     encode_model_list, encode_signature, encode_tensor_section, flags, layout_payload, Header,
-    Kind, Limits, Stage, Status, TensorDesc, Timeline,
+    Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline,
 };
 
 /// Bytes of large payload buffers the agent keeps for reuse.
@@ -121,6 +131,17 @@ pub struct Counters {
     pub responses: AtomicU64,
     /// Messages answered with an Error.
     pub errors: AtomicU64,
+    /// Output bytes the agent copied into shared-memory arenas (owned
+    /// engine outputs moved into a session's output region).
+    pub shm_output_bytes_copied: AtomicU64,
+    /// Output bytes engines were asked to write straight into arenas
+    /// ([`engine::Backend::run_into`] over the output region: no copy by
+    /// tensorwire; an engine that cannot write in place may still copy
+    /// internally, e.g. ONNX Runtime falling back from a wrong output plan).
+    pub shm_output_bytes_in_place: AtomicU64,
+    /// Output bytes answered by pointing at the input they alias (identity):
+    /// neither written nor copied.
+    pub shm_output_bytes_aliased: AtomicU64,
 }
 
 /// The agent's shared state: models, limits, shutdown flag, counters.
@@ -262,6 +283,11 @@ impl AgentCore {
                 Status::UnknownKind,
                 "Hello was already exchanged on this session",
             )),
+            Kind::Release => self.fail(Reply::error(
+                h.request_id,
+                Status::UnknownKind,
+                "Release only applies to shared-memory sessions",
+            )),
             other => self.fail(Reply::error(
                 h.request_id,
                 Status::UnknownKind,
@@ -273,6 +299,22 @@ impl AgentCore {
     /// Checks a request before its payload is read: shutdown, model id,
     /// descriptors, and the tensors against the model's signature.
     pub fn prepare(&self, h: &Header, desc: &[u8], limits: &Limits) -> Result<Prepared<'_>, Reply> {
+        self.prepare_in(h, desc, limits, Placement::Payload)
+    }
+
+    /// [`prepare`](AgentCore::prepare) for tensors placed as `placement`
+    /// says. With [`Placement::Region`] (shared memory) the tensors already
+    /// lie in the client's region and the agent allocates nothing for them,
+    /// so they take nothing from the agent-wide payload budget (which
+    /// bounds memory the agent allocates for payloads; a session's region
+    /// is bounded by its own size).
+    pub fn prepare_in(
+        &self,
+        h: &Header,
+        desc: &[u8],
+        limits: &Limits,
+        placement: Placement,
+    ) -> Result<Prepared<'_>, Reply> {
         let id = h.request_id;
         if self.is_closing() {
             return Err(self.fail(Reply::error(
@@ -291,7 +333,7 @@ impl AgentCore {
                 ),
             ))
         })?;
-        let section = decode_tensor_section(h, desc)
+        let section = decode_tensor_section_in(h, desc, placement)
             .map_err(|e| self.fail(Reply::error(id, e.status(), &e.to_string())))?;
         let metas: Vec<(wire::DType, &[u64])> = section
             .tensors
@@ -304,7 +346,10 @@ impl AgentCore {
             .map_err(|e| self.fail(Reply::error(id, Status::InvalidInput, &e.to_string())))?;
         // Reserve the payload's bytes before any are read: memory held by
         // requests is bounded agent-wide, not only per connection.
-        let want = h.payload_len;
+        let want = match placement {
+            Placement::Payload => h.payload_len,
+            Placement::Region { .. } => 0,
+        };
         let reserved =
             self.payload_budget
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
@@ -332,46 +377,108 @@ impl AgentCore {
     }
 
     /// Runs a prepared request on `inputs` through its model's queue and
-    /// builds the response (or the error).
+    /// builds the response (or the error), with the outputs laid out as a
+    /// payload (stream transports; in-process).
     pub fn execute(&self, p: &Prepared<'_>, inputs: &[TensorView<'_>], tl: &mut Timeline) -> Reply {
+        let outputs = match self.run(p, inputs, tl) {
+            Ok(o) => o,
+            Err(e) => return e,
+        };
+        let lens = match self.check_outputs(p, &outputs, inputs) {
+            Ok(l) => l,
+            Err(e) => return e,
+        };
+        let Some((offsets, payload_len)) = layout_payload(lens.iter().copied()) else {
+            return self.fail(Reply::error(
+                p.request_id,
+                Status::Internal,
+                "output layout overflows",
+            ));
+        };
+        let descs: Vec<TensorDesc> = outputs
+            .iter()
+            .zip(offsets)
+            .zip(&lens)
+            .map(|((o, offset), &len)| TensorDesc {
+                dtype: o.dtype,
+                shape: o.shape.clone(),
+                offset,
+                len,
+            })
+            .collect();
+        match self.respond(p, &descs, payload_len, tl) {
+            Ok(mut r) => {
+                r.outputs = outputs;
+                r
+            }
+            Err(e) => e,
+        }
+    }
+
+    /// Runs the model on `inputs` through its queue (stamping the queue and
+    /// compute stages). Engine errors and panics become Error replies.
+    pub fn run(
+        &self,
+        p: &Prepared<'_>,
+        inputs: &[TensorView<'_>],
+        tl: &mut Timeline,
+    ) -> Result<Vec<Output>, Reply> {
         let backend = &p.model.backend;
         let result = p.model.queue.run(tl, || {
             std::panic::catch_unwind(AssertUnwindSafe(|| backend.run(inputs)))
         });
-        let outputs = match result {
-            Ok(Ok(o)) => o,
+        self.engine_result(p, result)
+    }
+
+    /// Like [`run`](AgentCore::run), with the engine writing output `i`
+    /// into `outputs[i]` ([`engine::Backend::run_into`]; sizes from
+    /// [`engine::Backend::output_shapes`]).
+    pub fn run_into(
+        &self,
+        p: &Prepared<'_>,
+        inputs: &[TensorView<'_>],
+        outputs: &mut [&mut [u8]],
+        tl: &mut Timeline,
+    ) -> Result<(), Reply> {
+        let backend = &p.model.backend;
+        let result = p.model.queue.run(tl, || {
+            std::panic::catch_unwind(AssertUnwindSafe(|| backend.run_into(inputs, outputs)))
+        });
+        self.engine_result(p, result)
+    }
+
+    fn engine_result<T>(
+        &self,
+        p: &Prepared<'_>,
+        result: std::thread::Result<Result<T, engine::EngineError>>,
+    ) -> Result<T, Reply> {
+        match result {
+            Ok(Ok(o)) => Ok(o),
             Ok(Err(e)) => {
                 let status = match e {
                     engine::EngineError::InvalidInput(_) => Status::InvalidInput,
                     _ => Status::EngineError,
                 };
-                return self.fail(Reply::error(p.request_id, status, &e.to_string()));
+                Err(self.fail(Reply::error(p.request_id, status, &e.to_string())))
             }
-            Err(_) => {
-                return self.fail(Reply::error(
-                    p.request_id,
-                    Status::Internal,
-                    &format!("model '{}' panicked", p.model.signature().name),
-                ))
-            }
-        };
-        match self.response(p, outputs, inputs, tl) {
-            Ok(r) => {
-                self.counters.responses.fetch_add(1, Ordering::Relaxed);
-                r
-            }
-            Err((status, msg)) => self.fail(Reply::error(p.request_id, status, &msg)),
+            Err(_) => Err(self.fail(Reply::error(
+                p.request_id,
+                Status::Internal,
+                &format!("model '{}' panicked", p.model.signature().name),
+            ))),
         }
     }
 
-    fn response(
+    /// Checks what the engine produced: every output's bytes match its dtype
+    /// and shape, and aliases name an input that exists. Returns each
+    /// output's byte length.
+    pub fn check_outputs(
         &self,
         p: &Prepared<'_>,
-        outputs: Vec<Output>,
+        outputs: &[Output],
         inputs: &[TensorView<'_>],
-        tl: &mut Timeline,
-    ) -> Result<Reply, (Status, String)> {
-        let internal = |m: String| (Status::Internal, m);
+    ) -> Result<Vec<u64>, Reply> {
+        let internal = |m: String| self.fail(Reply::error(p.request_id, Status::Internal, &m));
         let mut lens = Vec::with_capacity(outputs.len());
         for (i, o) in outputs.iter().enumerate() {
             let have = o.bytes(inputs).len() as u64;
@@ -389,19 +496,21 @@ impl AgentCore {
             }
             lens.push(have);
         }
-        let (offsets, payload_len) = layout_payload(lens.iter().copied())
-            .ok_or_else(|| internal("output layout overflows".into()))?;
-        let descs: Vec<TensorDesc> = outputs
-            .iter()
-            .zip(offsets)
-            .zip(&lens)
-            .map(|((o, offset), &len)| TensorDesc {
-                dtype: o.dtype,
-                shape: o.shape.clone(),
-                offset,
-                len,
-            })
-            .collect();
+        Ok(lens)
+    }
+
+    /// The Response for `p` describing `descs` (placed by the caller: a
+    /// payload layout, or offsets into a shared region) with `payload_len`
+    /// bytes of tensors: stamps `ResponseSent` and attaches the timeline if
+    /// asked, checks the session's limits, counts the response. The reply
+    /// carries no outputs; a caller sending a payload attaches them.
+    pub fn respond(
+        &self,
+        p: &Prepared<'_>,
+        descs: &[TensorDesc],
+        payload_len: u64,
+        tl: &mut Timeline,
+    ) -> Result<Reply, Reply> {
         let mut header = Header::new(Kind::Response);
         header.request_id = p.request_id;
         header.model_id = p.model.id;
@@ -412,23 +521,25 @@ impl AgentCore {
         if p.want_timeline {
             header.flags |= flags::HAS_TIMELINE;
             tl.stamp(Stage::ResponseSent);
-            encode_tensor_section(&descs, Some(tl), &mut desc);
+            encode_tensor_section(descs, Some(tl), &mut desc);
         } else {
-            encode_tensor_section(&descs, None, &mut desc);
+            encode_tensor_section(descs, None, &mut desc);
         }
         header.desc_len = desc.len() as u32;
         // A response must fit the session's limits like any message (the
         // client checks them too).
-        header.check_limits(&p.limits).map_err(|e| {
-            (
+        if let Err(e) = header.check_limits(&p.limits) {
+            return Err(self.fail(Reply::error(
+                p.request_id,
                 Status::LimitExceeded,
-                format!("the response breaks the session limits: {e}"),
-            )
-        })?;
+                &format!("the response breaks the session limits: {e}"),
+            )));
+        }
+        self.counters.responses.fetch_add(1, Ordering::Relaxed);
         Ok(Reply {
             header,
             desc,
-            outputs,
+            outputs: Vec::new(),
         })
     }
 

@@ -9,16 +9,23 @@
 //! model's [`queue`]: a FIFO admission queue whose holder runs the model on
 //! its own thread, so an uncontended request never changes threads (a
 //! cross-core wake-up costs ~5 µs here — more than a Unix-socket round trip).
-//! The same [`dispatch`] code serves socket sessions and in-process callers.
+//! The same [`dispatch`] code serves socket sessions, shared-memory sessions
+//! ([`shm_session`]: tensors read in place from the client's arena, outputs
+//! aliased or written into it) and in-process callers.
 
 mod agent;
 pub mod config;
 pub mod dispatch;
 mod inproc;
 pub mod queue;
+pub mod region;
 pub mod registry;
 pub mod session;
+pub mod shm_session;
+#[cfg(test)]
+mod shm_tests;
 
 pub use agent::{Agent, AgentStats};
 pub use config::{AgentConfig, ConfigError, ModelConfig};
 pub use registry::{ModelEntry, ModelRegistry};
+pub use shm_session::ShmSettings;

@@ -18,6 +18,13 @@ pub struct ModelEntry {
     pub backend: Arc<dyn Backend>,
     /// Its queue.
     pub queue: ModelQueue,
+    /// Whether the backend writes outputs straight into buffers the agent
+    /// provides ([`Backend::run_into`] overridden to do so: ONNX Runtime).
+    /// Shared-memory sessions then place outputs in the arena before the
+    /// run; otherwise they call [`Backend::run`], point outputs that alias
+    /// inputs at those inputs (identity: nothing moves) and copy owned
+    /// outputs into the arena once (counted).
+    pub outputs_in_place: bool,
 }
 
 impl ModelEntry {
@@ -65,19 +72,31 @@ impl ModelRegistry {
             sessions: m.concurrency,
         };
         let backend = OrtBackend::load(&m.name, &m.path, &opts)?;
-        self.add(Arc::new(backend), m.concurrency);
+        self.add_in_place(Arc::new(backend), m.concurrency);
         Ok(())
     }
 
     /// Adds a loaded backend (tests and embedders use this for custom
-    /// backends); returns its id.
+    /// backends); returns its id. Its outputs are taken from
+    /// [`Backend::run`] (see [`ModelEntry::outputs_in_place`]).
     pub fn add(&mut self, backend: Arc<dyn Backend>, concurrency: usize) -> u32 {
+        self.push(backend, concurrency, false)
+    }
+
+    /// Adds a backend whose [`Backend::run_into`] writes outputs straight
+    /// into the buffers it is given (as [`OrtBackend`]'s does); returns its id.
+    pub fn add_in_place(&mut self, backend: Arc<dyn Backend>, concurrency: usize) -> u32 {
+        self.push(backend, concurrency, true)
+    }
+
+    fn push(&mut self, backend: Arc<dyn Backend>, concurrency: usize, in_place: bool) -> u32 {
         let id = self.by_id.len() as u32;
         self.by_name.insert(backend.signature().name.clone(), id);
         self.by_id.push(ModelEntry {
             id,
             backend,
             queue: ModelQueue::new(concurrency),
+            outputs_in_place: in_place,
         });
         id
     }

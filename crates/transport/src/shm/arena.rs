@@ -118,6 +118,7 @@ impl Arena {
     /// Nothing else in this process may access `range` while the returned
     /// slice lives (the caller owns that part of the arena, e.g. an
     /// allocation it made); the peer is expected not to touch it either.
+    #[allow(clippy::mut_from_ref)] // exclusivity is the caller's contract (above)
     pub unsafe fn bytes_mut(&self, range: std::ops::Range<usize>) -> &mut [u8] {
         assert!(
             range.start <= range.end && range.end <= self.len(),

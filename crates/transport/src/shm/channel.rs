@@ -393,7 +393,7 @@ impl ShmChannel {
                 return Ok(m);
             }
             spins = spins.wrapping_add(1);
-            if spins % 64 != 0 || start.elapsed() < policy.spin {
+            if !spins.is_multiple_of(64) || start.elapsed() < policy.spin {
                 std::hint::spin_loop();
                 continue;
             }

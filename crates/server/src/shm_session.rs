@@ -1,0 +1,474 @@
+//! One shared-memory session (`shm://name`), served on its own thread from
+//! the bootstrap to the client's departure.
+//!
+//! The accept thread only accepts the control socket; this thread answers
+//! the Hello ([`ShmChannel::accept`]: it creates the session's private,
+//! sealed arena and passes it over the socket), then serves the rings.
+//!
+//! **Placement.** The arena's data area is split in two: the client's
+//! region `[0, client_len)` holds input tensors the client wrote in place;
+//! the agent's region `[client_len, data_len)` holds outputs. Offsets in
+//! descriptors are relative to the data area, both ways. A request's tensors
+//! must lie in the client's region, without overlapping (else an Error for
+//! that request; the session goes on); the engine reads them where they are.
+//! A response describes each output where it is: an output that is one of
+//! the inputs (identity) at that input's offset, nothing moved; any other in
+//! a block of the agent's region that this session's [`OutputRegion`] hands
+//! out. A backend that writes outputs into caller buffers (ONNX Runtime:
+//! [`ModelEntry::outputs_in_place`](crate::ModelEntry::outputs_in_place))
+//! gets those blocks before the run and writes there directly; other
+//! outputs are copied in once. Bytes are counted in [`Counters`]
+//! (`shm_output_bytes_aliased` / `_in_place` / `_copied`). Blocks stay the
+//! client's to read until it sends `Release` with the response's
+//! `request_id`; a response that does not fit gets `limit-exceeded`.
+//!
+//! **Waiting.** Between messages the thread waits with
+//! [`ShmChannel::recv`]: it spins on the request ring for `shm_spin_us`
+//! (default 50 µs; `AgentConfig::shm_spin_us`, TOML `[shm] spin_us`) — a
+//! client sending again within that window is served without any syscall
+//! or wake-up — then marks itself asleep in the arena's agent sleep word and
+//! sleeps on it (futex) in 250 ms slices; the client's send wakes it only
+//! when that word says it sleeps. Between slices it checks the control
+//! socket: a client that exited or was killed is noticed within a slice, and
+//! the session ends (its arena is unmapped when the channel drops; the
+//! thread is not running a request then, so nothing writes into freed
+//! memory). An idle session costs no CPU but one poll per slice. A spin of
+//! 0 sleeps at once (lowest CPU, ~5 µs more per request for the wake-up);
+//! longer spins help clients that pipeline, but each spinning session
+//! holds a core that engine threads may need on small machines.
+//!
+//! When the response ring is full (the client is not reading), the thread
+//! retries with a growing pause up to `stall_timeout`, then closes the
+//! session; other sessions have their own threads and are not affected.
+//!
+//! **Faults.** A message that cannot be decoded or a ring whose indices are
+//! impossible gets an Error with request id 0 (if the response ring still
+//! takes one) and the session is closed: the ring cannot be trusted to be
+//! in sync any more. Agent shutdown refuses new requests (`shutting-down`),
+//! lets the one in flight finish, then closes the control socket and wakes
+//! the thread.
+
+use crate::dispatch::{AgentCore, Counters, Prepared, Reply};
+use crate::region::{Blocks, OutputRegion};
+use engine::{OutputData, TensorView};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use transport::shm::{futex, layout::AGENT_SLEEP, Arena, Layout, ShmChannel, ShmError};
+use transport::shm::{ShmSizes, WaitPolicy, SLOT_LEN};
+use wire::{Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline};
+
+/// How shared-memory sessions are set up and wait (from `AgentConfig`).
+#[derive(Clone, Copy, Debug)]
+pub struct ShmSettings {
+    /// Arena sizes of each session.
+    pub sizes: ShmSizes,
+    /// How long a session thread spins before it sleeps.
+    pub spin: Duration,
+    /// Bounds the bootstrap and a wait for room in a full response ring.
+    pub stall: Duration,
+}
+
+/// What the agent keeps of a session to close it from another thread.
+#[derive(Debug)]
+pub struct ShmHandle {
+    /// The control socket (the same open file as the session's).
+    sock: UnixStream,
+    /// The arena, once the bootstrap made it (weak: the session owns it).
+    arena: Mutex<Weak<Arena>>,
+}
+
+impl ShmHandle {
+    /// A handle over a clone of the session's control socket.
+    pub fn new(sock: UnixStream) -> ShmHandle {
+        ShmHandle {
+            sock,
+            arena: Mutex::new(Weak::new()),
+        }
+    }
+
+    /// Closes the session: shuts its control socket down (the client sees
+    /// the agent gone; the session thread sees its peer gone) and wakes the
+    /// thread if it sleeps, so it notices at once.
+    pub fn close(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let arena = self
+            .arena
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade();
+        if let Some(a) = arena {
+            let word = a.atomic_u32(AGENT_SLEEP);
+            word.store(0, Ordering::SeqCst);
+            let _ = futex::wake(word, 1);
+        }
+    }
+}
+
+/// Serves one shared-memory session on the calling thread: bootstrap over
+/// `sock`, then requests until the client leaves, breaks the protocol, or
+/// the agent closes `handle`.
+pub fn serve(core: Arc<AgentCore>, sock: UnixStream, cfg: ShmSettings, handle: &ShmHandle) {
+    let (ch, limits) = match ShmChannel::accept(sock, &core.limits, cfg.sizes, cfg.stall) {
+        Ok(x) => x,
+        Err(ShmError::Wire(_) | ShmError::Bootstrap(_)) => {
+            // `accept` answered a bad Hello with an Error itself.
+            core.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        Err(_) => return,
+    };
+    *handle.arena.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(ch.arena());
+    let layout = *ch.layout();
+    let mut s = Session {
+        arena: ch.arena().clone(),
+        region: OutputRegion::new(layout.agent_len()),
+        core,
+        ch,
+        limits,
+        layout,
+        stall: cfg.stall,
+    };
+    let policy = WaitPolicy {
+        spin: cfg.spin,
+        slice: WaitPolicy::AGENT.slice,
+    };
+    // Shutdown closed the socket before it could know the arena (and wake
+    // this thread through it)?
+    if !s.ch.peer_alive() {
+        s.ch.close();
+        return;
+    }
+    loop {
+        let (h, desc) = match s.ch.recv(&s.limits, policy, None) {
+            Ok(m) => m,
+            Err(ShmError::Wire(e)) => {
+                s.fatal(e.status(), &e.to_string());
+                break;
+            }
+            Err(ShmError::Ring(e)) => {
+                s.fatal(Status::Malformed, &e.to_string());
+                break;
+            }
+            Err(_) => break,
+        };
+        let ok = match h.kind {
+            Kind::Request => s.request(&h, &desc),
+            Kind::Release => s.release(&h, &desc),
+            _ => {
+                let r = s.core.control(&h, &desc, &s.limits);
+                s.send(&r)
+            }
+        };
+        if !ok {
+            break;
+        }
+    }
+    s.ch.close();
+}
+
+struct Session {
+    core: Arc<AgentCore>,
+    ch: ShmChannel,
+    arena: Arc<Arena>,
+    layout: Layout,
+    limits: Limits,
+    region: OutputRegion,
+    stall: Duration,
+}
+
+impl Session {
+    fn counters(&self) -> &Counters {
+        &self.core.counters
+    }
+
+    /// One request: validate, run on views over the client's region, place
+    /// the outputs, answer. False when the session must end.
+    fn request(&mut self, h: &wire::Header, desc: &[u8]) -> bool {
+        let core = self.core.clone();
+        let mut tl = Timeline::default();
+        tl.stamp(Stage::Received);
+        let region = Placement::Region {
+            len: self.layout.client_len as u64,
+        };
+        let prep = match core.prepare_in(h, desc, &self.limits, region) {
+            Ok(p) => p,
+            Err(reply) => return self.send(&reply),
+        };
+        // The tensors are where the client wrote them.
+        tl.stamp(Stage::PayloadInPlace);
+        let arena = self.arena.clone();
+        let base = self.layout.data_off;
+        let views = prep.views(arena.bytes(base..base + self.layout.client_len));
+        let mut blocks = Blocks::new();
+        let reply = match self.execute(&prep, &views, &mut blocks, &mut tl) {
+            Ok(r) => {
+                self.region.hold(prep.request_id, blocks);
+                r
+            }
+            Err(e) => {
+                self.region.free_all(blocks);
+                e
+            }
+        };
+        // `prep` (the request's in-flight count) lives until the response
+        // is published, as on sockets.
+        let ok = self.send(&reply);
+        drop(prep);
+        ok
+    }
+
+    /// Runs the model and places its outputs; the blocks it allocated are
+    /// pushed onto `blocks` (freed by the caller if this fails).
+    fn execute(
+        &mut self,
+        p: &Prepared<'_>,
+        views: &[TensorView<'_>],
+        blocks: &mut Blocks,
+        tl: &mut Timeline,
+    ) -> Result<Reply, Reply> {
+        let core = self.core.clone();
+        let model = p.model;
+        if model.outputs_in_place {
+            let metas: Vec<(wire::DType, &[u64])> =
+                p.tensors.iter().map(|t| (t.dtype, &t.shape[..])).collect();
+            let specs = &model.signature().outputs;
+            if let Some(shapes) = model
+                .backend
+                .output_shapes(&metas)
+                .filter(|s| s.len() == specs.len())
+            {
+                let outs: Vec<_> = specs.iter().map(|s| s.dtype).zip(shapes).collect();
+                return self.execute_in_place(p, views, outs, blocks, tl);
+            }
+        }
+        let outputs = core.run(p, views, tl)?;
+        let lens = core.check_outputs(p, &outputs, views)?;
+        let mut aliased = vec![false; views.len()];
+        let mut descs = Vec::with_capacity(outputs.len());
+        let (mut copied, mut alias_bytes) = (0u64, 0u64);
+        for (o, &len) in outputs.iter().zip(&lens) {
+            let offset = match o.data {
+                // The output is an input, untouched: point at it. (A second
+                // output aliasing the same input is copied: descriptors of a
+                // response must not overlap.)
+                OutputData::Input(i) if !aliased[i] => {
+                    aliased[i] = true;
+                    alias_bytes += len;
+                    p.tensors[i].offset
+                }
+                _ => {
+                    let off = self.place(p, len, blocks)?;
+                    if len > 0 {
+                        let start = self.layout.data_off + off as usize;
+                        // SAFETY: `off..off+len` is a block of the agent's
+                        // region this session just allocated: nothing else
+                        // in this process touches it (the client is told to
+                        // leave the agent's region alone; if it does not,
+                        // it only garbles its own outputs).
+                        let dst = unsafe { self.arena.bytes_mut(start..start + len as usize) };
+                        dst.copy_from_slice(o.bytes(views));
+                        copied += len;
+                    }
+                    off
+                }
+            };
+            descs.push(TensorDesc {
+                dtype: o.dtype,
+                shape: o.shape.clone(),
+                offset,
+                len,
+            });
+        }
+        let total = lens.iter().sum();
+        let r = core.respond(p, &descs, total, tl)?;
+        let c = self.counters();
+        c.shm_output_bytes_copied
+            .fetch_add(copied, Ordering::Relaxed);
+        c.shm_output_bytes_aliased
+            .fetch_add(alias_bytes, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// Outputs of known dtypes and shapes: blocks first, then the engine
+    /// writes into them.
+    fn execute_in_place(
+        &mut self,
+        p: &Prepared<'_>,
+        views: &[TensorView<'_>],
+        outs: Vec<(wire::DType, Vec<u64>)>,
+        blocks: &mut Blocks,
+        tl: &mut Timeline,
+    ) -> Result<Reply, Reply> {
+        let core = self.core.clone();
+        let mut descs = Vec::with_capacity(outs.len());
+        let mut total = 0u64;
+        for (i, (dtype, shape)) in outs.into_iter().enumerate() {
+            let len = TensorDesc::byte_len(dtype, &shape).ok_or_else(|| {
+                core.fail(Reply::error(
+                    p.request_id,
+                    Status::InvalidInput,
+                    &format!("output {i} ({dtype}{shape:?}) would overflow"),
+                ))
+            })?;
+            let offset = self.place(p, len, blocks)?;
+            total += len;
+            descs.push(TensorDesc {
+                dtype,
+                shape,
+                offset,
+                len,
+            });
+        }
+        {
+            let base = self.layout.data_off;
+            let arena = self.arena.clone();
+            let mut bufs: Vec<&mut [u8]> = descs
+                .iter()
+                .map(|d| {
+                    if d.len == 0 {
+                        return &mut [][..];
+                    }
+                    let start = base + d.offset as usize;
+                    // SAFETY: each descriptor with bytes is its own block of
+                    // the agent's region, just allocated by this session:
+                    // the slices are disjoint and nothing else in this
+                    // process touches them.
+                    unsafe { arena.bytes_mut(start..start + d.len as usize) }
+                })
+                .collect();
+            core.run_into(p, views, &mut bufs, tl)?;
+        }
+        let r = core.respond(p, &descs, total, tl)?;
+        self.counters()
+            .shm_output_bytes_in_place
+            .fetch_add(total, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// A block of `len` bytes in the agent's region for an output of `p`;
+    /// returns its offset in the data area. Zero bytes take no block.
+    fn place(&mut self, p: &Prepared<'_>, len: u64, blocks: &mut Blocks) -> Result<u64, Reply> {
+        let client = self.layout.client_len as u64;
+        if len == 0 {
+            return Ok(client);
+        }
+        if len > self.region.len() {
+            return Err(self.core.fail(Reply::error(
+                p.request_id,
+                Status::LimitExceeded,
+                &format!(
+                    "a {len}-byte output is larger than the whole {}-byte shm output area \
+                     (raise shm agent_bytes)",
+                    self.region.len()
+                ),
+            )));
+        }
+        match self.region.alloc(len) {
+            Some(off) => {
+                blocks.push((off, len));
+                Ok(client + off)
+            }
+            None => Err(self.core.fail(Reply::error(
+                p.request_id,
+                Status::LimitExceeded,
+                &format!(
+                    "the shm output area is full: {} of its {} bytes hold {} responses \
+                     not yet released, and a {len}-byte output does not fit; read and \
+                     drop (Release) old responses, or raise shm agent_bytes",
+                    self.region.used(),
+                    self.region.len(),
+                    self.region.held()
+                ),
+            ))),
+        }
+    }
+
+    /// A client's Release: frees the blocks of that response. No reply.
+    fn release(&mut self, h: &wire::Header, desc: &[u8]) -> bool {
+        if !desc.is_empty() {
+            let r = self.core.fail(Reply::error(
+                h.request_id,
+                Status::Malformed,
+                &format!("Release carries no body, got {} bytes", desc.len()),
+            ));
+            return self.send(&r);
+        }
+        self.region.release(h.request_id);
+        true
+    }
+
+    /// The session cannot go on: say why (request id 0) if the ring takes
+    /// it soon, then the caller closes.
+    fn fatal(&mut self, status: Status, message: &str) {
+        let r = self.core.fail(Reply::error(0, status, message));
+        let fitted = self.fit(&r);
+        let deadline = Instant::now() + self.stall.min(Duration::from_millis(100));
+        let _ = self.publish(fitted.as_ref().unwrap_or(&r), deadline);
+    }
+
+    /// Publishes `reply`, waiting (up to `stall_timeout`) for room in the
+    /// response ring. False when the session must end.
+    fn send(&mut self, reply: &Reply) -> bool {
+        let fitted = self.fit(reply);
+        let r = fitted.as_ref().unwrap_or(reply);
+        let deadline = Instant::now() + self.stall;
+        self.publish(r, deadline)
+    }
+
+    /// `None` if `reply` fits the response ring as it is; else a reply that
+    /// does (a truncated error, or an error saying the reply was too big).
+    fn fit(&self, reply: &Reply) -> Option<Reply> {
+        let cap = self.layout.ring_capacity as usize;
+        let room = (cap - 1) * SLOT_LEN;
+        if reply.desc.len() <= room {
+            return None;
+        }
+        let id = reply.header.request_id;
+        Some(if reply.header.kind == Kind::Error {
+            let msg = String::from_utf8_lossy(&reply.desc);
+            let mut end = room.min(msg.len());
+            while !msg.is_char_boundary(end) {
+                end -= 1;
+            }
+            Reply::error(id, reply.header.status, &msg[..end])
+        } else {
+            self.core.fail(Reply::error(
+                id,
+                Status::LimitExceeded,
+                &format!(
+                    "the {:?} reply is {} bytes, more than this session's response ring \
+                     holds ({cap} slots of {SLOT_LEN} bytes; raise shm ring_slots)",
+                    reply.header.kind,
+                    reply.desc.len() + wire::HEADER_LEN
+                ),
+            ))
+        })
+    }
+
+    fn publish(&mut self, r: &Reply, deadline: Instant) -> bool {
+        let mut pause = Duration::from_micros(20);
+        let mut tries = 0u32;
+        loop {
+            match self.ch.send(&r.header, &r.desc) {
+                Ok(true) => return true,
+                Ok(false) => {}
+                Err(_) => return false,
+            }
+            // The client is not draining its responses: back off (it may
+            // be busy), but give up on it after the deadline.
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+                std::thread::yield_now();
+                continue;
+            }
+            if Instant::now() >= deadline || !self.ch.peer_alive() {
+                return false;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+}
