@@ -34,6 +34,10 @@ pub struct Args {
     /// Most request payload bytes held by requests in flight, agent-wide.
     #[arg(long)]
     max_total_payload: Option<u64>,
+    /// Shared-memory sessions: microseconds an idle session thread spins
+    /// before it sleeps on its futex (0 = sleep at once).
+    #[arg(long)]
+    shm_spin_us: Option<u64>,
     /// Seconds in-flight requests get to finish on shutdown.
     #[arg(long, default_value_t = 30)]
     grace: u64,
@@ -65,6 +69,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     }
     if let Some(n) = a.max_total_payload {
         cfg.max_total_payload = n;
+    }
+    if let Some(n) = a.shm_spin_us {
+        cfg.shm_spin_us = n;
     }
     if cfg.listen.is_empty() {
         return Err(
