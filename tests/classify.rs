@@ -210,7 +210,7 @@ fn compare_inproc_unix_tcp_bit_identical_to_local() {
     };
     let local = compare::run_local(&w).expect("local run");
     assert_eq!(local.lines.len(), lines.len());
-    for spec in compare::parse_list("inproc,unix,tcp").expect("list") {
+    for spec in compare::parse_list("inproc,shm,unix,tcp").expect("list") {
         let r = compare::run_config(&spec, &w).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
         assert_eq!(r.lines.len(), local.lines.len(), "{}", spec.name);
         for (a, b) in local.lines.iter().zip(&r.lines) {
@@ -248,7 +248,7 @@ fn classify_compare_command_reports_identical_and_leaves_no_agent() {
         "-f",
         s(&f),
         "--compare",
-        "inproc,unix,tcp",
+        "inproc,shm,unix,tcp",
         "--json",
     ]);
     assert!(
@@ -261,7 +261,7 @@ fn classify_compare_command_reports_identical_and_leaves_no_agent() {
         .iter()
         .map(|r| r["config"].as_str().unwrap_or("?"))
         .collect();
-    assert_eq!(configs, ["local", "inproc", "unix", "tcp"]);
+    assert_eq!(configs, ["local", "inproc", "shm", "unix", "tcp"]);
     for r in &rows {
         assert_eq!(r["identical"], true, "{r}");
         for k in ["first_ms", "avg_ms", "tax_ms", "tax_pct"] {
@@ -510,7 +510,7 @@ fn an_over_long_line_is_truncated_with_a_warning_and_classified() {
 
 #[test]
 fn unbuilt_transports_are_refused_by_name() {
-    for (list, name) in [("inproc,shm", "shm"), ("vsock", "vsock")] {
+    for (list, name) in [("inproc,rdma", "rdma"), ("vsock", "vsock")] {
         let (st, out, err) = classify(&["-f", "/nonexistent.txt", "--compare", list]);
         assert!(!st.success(), "{out}");
         assert!(

@@ -126,6 +126,22 @@ pub fn vm_rss_kib() -> u64 {
         .expect("VmRSS in /proc/self/status")
 }
 
+/// Points `TENSORWIRE_SHM_DIR` (where `shm://NAME` control sockets live) at
+/// a private temporary directory, once per test process, and returns it.
+/// Call it before starting any `shm://` agent or client: both this process
+/// (its clients read the variable) and the `tensorwire` children (which
+/// inherit it) then agree on the directory. Tests in one process share it,
+/// so each must use its own shm names.
+pub fn shm_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::tempdir().expect("temporary directory");
+        std::env::set_var("TENSORWIRE_SHM_DIR", d.path());
+        d
+    })
+    .path()
+}
+
 static INPROC_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// An agent running in this process, listening on a Unix socket in a
@@ -865,6 +881,11 @@ impl ServeProcess {
                     matches!(state, Some('T') | Some('t') | None)
                 })
         });
+    }
+
+    /// Whether it is still running (not exited, not killed).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Waits for it to exit, at most `limit`; panics if it does not.

@@ -37,6 +37,8 @@ pub enum Transport {
     Inproc,
     /// A child agent on a Unix socket.
     Unix,
+    /// A child agent serving a shared-memory session (`shm://NAME`).
+    Shm,
     /// A child agent on TCP loopback; `nodelay: false` switches Nagle on
     /// (both ends).
     Tcp {
@@ -106,7 +108,7 @@ impl RunningAgent {
                     uri: format!("inproc://{name}"),
                 })
             }
-            Transport::Unix | Transport::Tcp { .. } => {
+            Transport::Unix | Transport::Shm | Transport::Tcp { .. } => {
                 AgentProcess::serve(config, transport, spec).map(RunningAgent::Process)
             }
         }
@@ -170,6 +172,13 @@ impl AgentProcess {
             .map_err(|e| err(format!("cannot create a temporary directory: {e}")))?;
         let listen = match transport {
             Transport::Unix => format!("unix://{}", dir.path().join("agent.sock").display()),
+            // Parent and child share the control-socket directory (same
+            // environment); the name is unique per run.
+            Transport::Shm => format!(
+                "shm://classify-{}-{}",
+                std::process::id(),
+                INPROC_SEQ.fetch_add(1, Ordering::Relaxed)
+            ),
             Transport::Tcp { nodelay: true } => "tcp://127.0.0.1:0".to_string(),
             Transport::Tcp { nodelay: false } => "tcp://127.0.0.1:0?nodelay=0".to_string(),
             Transport::Inproc => return Err(err("inproc agents are not child processes".into())),

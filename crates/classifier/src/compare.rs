@@ -6,7 +6,7 @@
 //!
 //! Configuration names (`--compare` list items): `inproc`, `unix`, `tcp`,
 //! `tcp?nodelay=0` (Nagle on; `tcp?nodelay=1` is `tcp`). `local` is always
-//! the first row and may be listed or not. `shm` and `vsock` are refused
+//! the first row and may be listed or not. `vsock` and `rdma` are refused
 //! with an error naming them: those transports are not built yet.
 
 use crate::agents::{AgentSpec, RunningAgent, Transport};
@@ -32,7 +32,7 @@ pub struct ConfigSpec {
 
 /// Parses a `--compare` list such as `inproc,unix,tcp,tcp?nodelay=0`.
 /// `local` is dropped (it is always the reference); an unknown, unbuilt
-/// (`shm`, `vsock`) or repeated entry is an error naming it.
+/// (`vsock`, `rdma`) or repeated entry is an error naming it.
 pub fn parse_list(list: &str) -> Result<Vec<ConfigSpec>, ClassifierError> {
     let mut out: Vec<ConfigSpec> = Vec::new();
     for item in list.split(',').map(str::trim) {
@@ -45,20 +45,21 @@ pub fn parse_list(list: &str) -> Result<Vec<ConfigSpec>, ClassifierError> {
             LOCAL => continue,
             "inproc" | "inproc://" => Transport::Inproc,
             "unix" | "unix://" => Transport::Unix,
+            "shm" | "shm://" => Transport::Shm,
             "tcp" | "tcp://" | "tcp?nodelay=1" => Transport::Tcp { nodelay: true },
             "tcp?nodelay=0" => Transport::Tcp { nodelay: false },
             other => {
                 let scheme = other.split(['?', ':']).next().unwrap_or(other);
                 return Err(ClassifierError::Config(
-                    if matches!(scheme, "shm" | "vsock" | "rdma") {
+                    if matches!(scheme, "vsock" | "rdma") {
                         format!(
                             "--compare {other}: the {scheme} transport is not built yet \
-                             (available: inproc, unix, tcp, tcp?nodelay=0)"
+                             (available: inproc, shm, unix, tcp, tcp?nodelay=0)"
                         )
                     } else {
                         format!(
                             "--compare: unknown configuration '{other}' \
-                             (available: local, inproc, unix, tcp, tcp?nodelay=0)"
+                             (available: local, inproc, shm, unix, tcp, tcp?nodelay=0)"
                         )
                     },
                 ));
@@ -67,6 +68,7 @@ pub fn parse_list(list: &str) -> Result<Vec<ConfigSpec>, ClassifierError> {
         let name = match transport {
             Transport::Inproc => "inproc",
             Transport::Unix => "unix",
+            Transport::Shm => "shm",
             Transport::Tcp { nodelay: true } => "tcp",
             Transport::Tcp { nodelay: false } => "tcp?nodelay=0",
         };
@@ -371,9 +373,9 @@ mod tests {
         assert_eq!(parse_list("tcp?nodelay=1").expect("list")[0].name, "tcp");
         assert!(parse_list("local").expect("list").is_empty());
         for (list, needle) in [
-            ("inproc,shm", "shm transport is not built yet"),
+            ("inproc,rdma", "rdma transport is not built yet"),
             ("vsock", "vsock transport is not built yet"),
-            ("shm://x", "shm transport is not built yet"),
+            ("vsock://x", "vsock transport is not built yet"),
             ("http", "unknown configuration 'http'"),
             ("unix,,tcp", "empty entry"),
             ("tcp,tcp?nodelay=1", "twice"),

@@ -148,11 +148,29 @@ pub fn control_path(name: &str) -> io::Result<PathBuf> {
     } else {
         std::env::temp_dir().join(format!("tensorwire-{}", rustix::process::getuid().as_raw()))
     };
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&dir)?;
+    // The directory may have existed already (e.g. made by another user in a
+    // shared temp dir, to plant an impostor agent): trust it only if it is a
+    // real directory, ours, and writable by no one else.
+    let meta = std::fs::symlink_metadata(&dir)?;
+    let uid = rustix::process::getuid().as_raw();
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} must be a directory owned by uid {uid} that no one else can write to (it is {}, owner uid {}, mode {:o}); \
+                 remove it or set TENSORWIRE_SHM_DIR",
+                dir.display(),
+                if meta.is_dir() { "a directory" } else { "not a directory" },
+                meta.uid(),
+                meta.mode() & 0o777
+            ),
+        ));
+    }
     Ok(dir.join(format!("{name}.sock")))
 }
 
@@ -581,6 +599,17 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o700);
         assert!(control_path("../x").is_err());
+        // A directory others can write to is refused.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::env::set_var("TENSORWIRE_SHM_DIR", &open);
+        assert!(control_path("x").is_err());
+        // So is a symlink to a directory.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path().join("d"), &link).unwrap();
+        std::env::set_var("TENSORWIRE_SHM_DIR", &link);
+        assert!(control_path("x").is_err());
         assert!(control_path("").is_err());
         std::env::remove_var("TENSORWIRE_SHM_DIR");
     }

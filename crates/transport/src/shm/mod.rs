@@ -1,5 +1,5 @@
-//! Building blocks of the shared-memory transport (`shm://`, not wired up
-//! yet): each tenant gets its own sealed memfd [`Arena`], passed over a Unix
+//! The shared-memory transport (`shm://`; the agent's sessions are in
+//! `server::shm_session`, the client's link in `client::shm`): each tenant gets its own sealed memfd [`Arena`], passed over a Unix
 //! socket with `SCM_RIGHTS` ([`fdpass`]), so no other process can name or map
 //! it; control messages travel through single-producer/single-consumer
 //! [`Ring`]s of 64-byte slots inside it; a side with nothing to do sleeps on a
