@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 
 echo "== classifier: $REPEATS repeats of classify --compare"
 for rep in $(seq "$REPEATS"); do
-    "$TW" classify -f examples/classifier/tweets.txt --compare "inproc,unix,tcp,tcp?nodelay=0" --json 2>/dev/null |
+    "$TW" classify -f examples/classifier/tweets.txt --compare "inproc,shm,unix,tcp,tcp?nodelay=0" --json 2>/dev/null |
         .venv/bin/python -c "import json,sys; [print(json.dumps(dict(r, repeat=$rep))) for r in json.load(sys.stdin)]" >> "$OUT/classify.jsonl"
 done
 

@@ -17,7 +17,7 @@ TW="$ROOT/target/release/tensorwire"
 
 echo
 echo "== the tweet classifier: in-process vs through an agent on each transport"
-"$TW" classify -f examples/classifier/tweets.txt --compare "inproc,unix,tcp,tcp?nodelay=0"
+"$TW" classify -f examples/classifier/tweets.txt --compare "inproc,shm,unix,tcp,tcp?nodelay=0"
 
 MODEL="digits=models/build/digits_mlp.onnx"
 SAMPLE=models/build/digits_sample.npy
