@@ -7,6 +7,7 @@
 //!   processes ping-pong over one shared page by spinning.
 //! - [`stats`]: latency summaries (nearest-rank percentiles) and spreads.
 
+mod child;
 pub mod npy;
 pub mod raw;
 pub mod raw_shm;

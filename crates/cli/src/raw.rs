@@ -25,11 +25,12 @@
 //! [`IO_TIMEOUT`], the peer waits at most that long for its one connection,
 //! and a child peer is killed and reaped on every exit path.
 
+use crate::child::{copy_command, describe, ChildPeer};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -45,10 +46,6 @@ pub const SPLIT_AT: usize = 64;
 
 /// The largest message accepted, to keep a typo from allocating gigabytes.
 pub const MAX_MSG_LEN: usize = 256 << 20;
-
-/// How long a child peer is given to exit by itself after the connection is
-/// closed before it is killed.
-const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// The longest address line accepted from a child peer.
 const MAX_ADDR_LINE: u64 = 4096;
@@ -236,7 +233,7 @@ fn run_with_timeout(
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit());
-            let mut peer = ChildPeer::spawn(cmd)?;
+            let mut peer = ChildPeer::spawn(cmd, "raw ping")?;
             let line = peer.address_line(timeout)?;
             let conn_addr = check_reported(opts.kind, &listen_addr, &line)?;
             let result = connect_and_ping(opts, &conn_addr, total, samples, timeout);
@@ -303,23 +300,6 @@ fn path_str(p: &Path) -> io::Result<String> {
     p.to_str()
         .map(str::to_string)
         .ok_or_else(|| invalid_input(format!("temporary path {} is not UTF-8", p.display())))
-}
-
-/// A copy of `base`: program, arguments, explicit environment changes and
-/// working directory.
-fn copy_command(base: &Command) -> Command {
-    let mut cmd = Command::new(base.get_program());
-    cmd.args(base.get_args());
-    for (k, v) in base.get_envs() {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-    if let Some(d) = base.get_current_dir() {
-        cmd.current_dir(d);
-    }
-    cmd
 }
 
 /// Checks the address line a child peer printed and returns where to
@@ -546,27 +526,7 @@ fn ping_loop<S: Read + Write>(
     Ok(samples)
 }
 
-/// A child echo peer, killed and reaped when dropped unless [`finish`]ed.
-///
-/// [`finish`]: ChildPeer::finish
-struct ChildPeer {
-    child: Option<Child>,
-}
-
 impl ChildPeer {
-    fn spawn(mut cmd: Command) -> io::Result<ChildPeer> {
-        let child = cmd.spawn().map_err(|e| {
-            context(
-                e,
-                &format!(
-                    "start the echo peer {}",
-                    cmd.get_program().to_string_lossy()
-                ),
-            )
-        })?;
-        Ok(ChildPeer { child: Some(child) })
-    }
-
     /// Waits (at most `timeout`) for the first line of the child's stdout.
     fn address_line(&mut self, timeout: Duration) -> io::Result<String> {
         let stdout = self
@@ -610,65 +570,6 @@ impl ChildPeer {
             Ok(Some(s)) => describe(s),
             _ => "still running".to_string(),
         }
-    }
-
-    fn wait_within(&mut self, limit: Duration) -> io::Result<Option<ExitStatus>> {
-        let Some(child) = self.child.as_mut() else {
-            return Ok(None);
-        };
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Ok(Some(status));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// After the connection is closed: the child must exit cleanly within
-    /// [`EXIT_GRACE`]; otherwise it is killed and this is an error.
-    fn finish(mut self) -> io::Result<()> {
-        match self.wait_within(EXIT_GRACE)? {
-            Some(status) if status.success() => {
-                self.child = None;
-                Ok(())
-            }
-            Some(status) => {
-                self.child = None;
-                Err(io::Error::other(format!(
-                    "raw ping: the echo peer failed ({})",
-                    describe(status)
-                )))
-            }
-            None => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "raw ping: the echo peer did not exit within {}s of the connection closing",
-                    EXIT_GRACE.as_secs()
-                ),
-            )),
-        }
-    }
-}
-
-impl Drop for ChildPeer {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        _ => status.to_string(),
     }
 }
 

@@ -38,6 +38,7 @@
 //! that its parent is (a changed parent pid means it died). A child peer is
 //! killed and reaped on every exit path of the client.
 
+use crate::child::{copy_command, describe, ChildPeer};
 use memmap2::{MmapOptions, MmapRaw};
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -45,7 +46,7 @@ use std::hint;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -71,10 +72,6 @@ const RESP: usize = 128;
 const READY: usize = 256;
 /// The value the peer stores to the ready word ("twshmrdy").
 const READY_MAGIC: u64 = u64::from_le_bytes(*b"twshmrdy");
-
-/// How long a child peer is given to exit by itself after [`STOP`] before it
-/// is killed.
-const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// The name of the file in the temporary directory.
 const FILE_NAME: &str = "ping.shm";
@@ -169,7 +166,7 @@ fn run_with_timeout(
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
-            let mut peer = ChildPeer::spawn(cmd)?;
+            let mut peer = ChildPeer::spawn(cmd, "raw shm ping")?;
             let mut alive = || peer.check_running();
             wait_ready(&shared, timeout, &mut alive)?;
             unlink_when_mapped(&dir);
@@ -453,44 +450,7 @@ fn context(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-/// A copy of `base`: program, arguments, explicit environment changes and
-/// working directory.
-fn copy_command(base: &Command) -> Command {
-    let mut cmd = Command::new(base.get_program());
-    cmd.args(base.get_args());
-    for (k, v) in base.get_envs() {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-    if let Some(d) = base.get_current_dir() {
-        cmd.current_dir(d);
-    }
-    cmd
-}
-
-/// A child echo peer, killed and reaped when dropped unless [`finish`]ed.
-///
-/// [`finish`]: ChildPeer::finish
-struct ChildPeer {
-    child: Option<Child>,
-}
-
 impl ChildPeer {
-    fn spawn(mut cmd: Command) -> io::Result<ChildPeer> {
-        let child = cmd.spawn().map_err(|e| {
-            context(
-                e,
-                &format!(
-                    "raw shm ping: start the echo peer {}",
-                    cmd.get_program().to_string_lossy()
-                ),
-            )
-        })?;
-        Ok(ChildPeer { child: Some(child) })
-    }
-
     /// An error if the child has exited (it never should before [`STOP`]).
     fn check_running(&mut self) -> io::Result<()> {
         let Some(child) = self.child.as_mut() else {
@@ -506,65 +466,6 @@ impl ChildPeer {
                 )))
             }
         }
-    }
-
-    fn wait_within(&mut self, limit: Duration) -> io::Result<Option<ExitStatus>> {
-        let Some(child) = self.child.as_mut() else {
-            return Ok(None);
-        };
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Ok(Some(status));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// After [`STOP`]: the child must exit cleanly within [`EXIT_GRACE`];
-    /// otherwise it is killed and this is an error.
-    fn finish(mut self) -> io::Result<()> {
-        match self.wait_within(EXIT_GRACE)? {
-            Some(status) if status.success() => {
-                self.child = None;
-                Ok(())
-            }
-            Some(status) => {
-                self.child = None;
-                Err(io::Error::other(format!(
-                    "raw shm ping: the echo peer failed ({})",
-                    describe(status)
-                )))
-            }
-            None => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "raw shm ping: the echo peer did not exit within {}s of STOP",
-                    EXIT_GRACE.as_secs()
-                ),
-            )),
-        }
-    }
-}
-
-impl Drop for ChildPeer {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        _ => status.to_string(),
     }
 }
 
