@@ -289,13 +289,16 @@ impl std::fmt::Display for Lat {
     }
 }
 
-/// "Normal latency": a p50 within 3× the baseline's (plus 20 µs, so that a
-/// few-µs baseline does not turn scheduler noise into a failure).
+/// "Not held up by the faulty tenant": the good tenant's p50 stays far
+/// below the faults' own time scale (a 500 ms stall, 250 ms liveness
+/// slices). This is an isolation check, not a performance test: the bound
+/// (20× the baseline + 5 ms) tolerates a busy 2-core CI machine; the
+/// measured figures are printed for the record.
 fn assert_normal(base: Lat, now: Lat, what: &str) {
-    let bound = base.p50 * 3 + Duration::from_micros(20);
+    let bound = base.p50 * 20 + Duration::from_millis(5);
     assert!(
         now.p50 <= bound,
-        "{what}: p50 {:?} is over 3× the baseline's {:?} (+20 µs)",
+        "{what}: p50 {:?} is over 20× the baseline's {:?} (+5 ms)",
         now.p50,
         base.p50
     );

@@ -502,7 +502,9 @@ fn a_client_that_stops_reading_loses_only_its_session() {
     for _ in 0..20 {
         let t = Instant::now();
         assert!(good.call(0, &[desc(DType::U8, &[64], 0)], false).is_ok());
-        assert!(t.elapsed() < Duration::from_millis(100));
+        // Well under the stuck session's 300 ms stall: not held up by it
+        // (a liveness bound, generous for a busy CI machine).
+        assert!(t.elapsed() < Duration::from_millis(250));
     }
     wait_until(Duration::from_secs(3), "stuck session closed", || {
         agent.stats().connections == 1
@@ -544,11 +546,7 @@ fn shutdown_refuses_new_requests_then_closes_sessions_and_sockets() {
     std::thread::sleep(Duration::from_millis(20));
     let t = Instant::now();
     agent.shutdown(Duration::from_secs(1));
-    assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert!(!ctl.exists() && !sock.exists(), "socket files removed");
     assert!(matches!(
         c.ch.recv(
