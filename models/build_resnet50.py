@@ -32,7 +32,6 @@ the current hash of this script and onnx_util.py (--force rebuilds anyway);
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -175,18 +174,7 @@ def bench(out_dir: Path, runs: int = 30, threads: int = 2) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help="where to write (default: models/build)")
-    ap.add_argument("--force", action="store_true", help="rebuild even if the cached build is current")
-    ap.add_argument("--bench", type=int, metavar="RUNS", nargs="?", const=30,
-                    help="then time ONNX Runtime at batch 1, 2 threads (median of RUNS, default 30)")
-    args = ap.parse_args(argv)
-    build(args.out_dir, force=args.force)
-    if args.bench:
-        r = bench(args.out_dir, args.bench)
-        print(f"{NAME}: ORT batch 1, {r['threads']} threads: median {r['median_ms']:.2f} ms "
-              f"(p10 {r['p10_ms']:.2f}, p90 {r['p90_ms']:.2f}, {r['runs']} runs)")
-    return 0
+    return U.builder_main(__doc__, NAME, DEFAULT_OUT, build, bench, 30, argv)
 
 
 if __name__ == "__main__":

@@ -331,3 +331,25 @@ def ort_latency(path: Path, feeds: dict[str, np.ndarray], runs: int, threads: in
         "p90_ms": times[(len(times) * 9) // 10],
         "min_ms": times[0],
     }
+
+
+def builder_main(doc: str, name: str, default_out: Path, build, bench, default_runs: int,
+                 argv: list[str] | None = None) -> int:
+    """The command line every model builder shares: build (cached unless
+    --force) into --out-dir, then optionally time ONNX Runtime at batch 1."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out-dir", type=Path, default=default_out, help="where to write (default: models/build)")
+    ap.add_argument("--force", action="store_true", help="rebuild even if the cached build is current")
+    ap.add_argument("--bench", type=int, metavar="RUNS", nargs="?", const=default_runs,
+                    help=f"then time ONNX Runtime at batch 1, 2 threads (median of RUNS, default {default_runs})")
+    args = ap.parse_args(argv)
+    build(args.out_dir, force=args.force)
+    if args.bench:
+        r = bench(args.out_dir, args.bench)
+        # Sub-millisecond models read better in microseconds.
+        scale, unit = (1000, "us") if r["median_ms"] < 1 else (1, "ms")
+        print(f"{name}: ORT batch 1, {r['threads']} threads: median {r['median_ms'] * scale:.2f} {unit} "
+              f"(p10 {r['p10_ms'] * scale:.2f}, p90 {r['p90_ms'] * scale:.2f}, {r['runs']} runs)")
+    return 0
