@@ -11,9 +11,9 @@
 //! [`crate::shm`].
 
 use crate::error::ClientError;
+use crate::ids::{IdMap, IdSet};
 use crate::shm::{Allocation, ShmLink};
 use crate::tensor::{Tensor, TensorBuf, TensorBytes, TensorRef};
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -60,6 +60,9 @@ struct Frame {
     header: Header,
     desc: Vec<u8>,
     payload: Payload,
+    /// `CLOCK_MONOTONIC` ns when the header had been read (0 unless the
+    /// client asks for timelines).
+    received_ns: u64,
 }
 
 enum Payload {
@@ -121,9 +124,17 @@ pub struct Response {
     pub outputs: Vec<Tensor>,
     /// The agent's stamps (with `want_timeline`).
     pub timeline: Option<Timeline>,
-    /// `CLOCK_MONOTONIC` ns just before the request was encoded.
+    /// `CLOCK_MONOTONIC` ns just before the request was encoded (0 unless
+    /// `want_timeline`: the four client stamps cost a clock read each).
     pub client_start_ns: u64,
-    /// `CLOCK_MONOTONIC` ns when the response was complete.
+    /// `CLOCK_MONOTONIC` ns when the request had been handed to the
+    /// transport (0 unless `want_timeline`).
+    pub client_sent_ns: u64,
+    /// `CLOCK_MONOTONIC` ns when the response header had been read (0 unless
+    /// `want_timeline`).
+    pub client_received_ns: u64,
+    /// `CLOCK_MONOTONIC` ns when the response was complete (0 unless
+    /// `want_timeline`).
     pub client_done_ns: u64,
 }
 
@@ -137,12 +148,12 @@ pub struct ModelInfo {
 }
 
 struct Shared {
-    completed: HashMap<u64, Frame>,
-    abandoned: HashSet<u64>,
+    completed: IdMap<Frame>,
+    abandoned: IdSet,
     reading: bool,
     dead: Option<String>,
     /// Ids of requests sent and not yet answered (control messages excluded).
-    pending: HashSet<u64>,
+    pending: IdSet,
 }
 
 struct StreamLink {
@@ -156,7 +167,7 @@ enum Link {
     Stream(Box<StreamLink>),
     Inproc {
         service: Arc<dyn InprocService>,
-        replies: Mutex<HashMap<u64, InprocReply>>,
+        replies: Mutex<IdMap<InprocReply>>,
     },
     Shm(Box<ShmLink>),
 }
@@ -199,6 +210,7 @@ pub struct Ticket {
     client: Client,
     id: u64,
     start_ns: u64,
+    sent_ns: u64,
     waited: bool,
     /// Shared memory: the arena allocations the request reads, held until
     /// its response has come (outputs that alias them hold them longer).
@@ -244,7 +256,7 @@ impl Client {
             Endpoint::Inproc(name) => Link::Inproc {
                 service: transport::inproc::lookup(name)
                     .ok_or_else(|| transport::TransportError::NoInprocAgent(name.clone()))?,
-                replies: Mutex::new(HashMap::new()),
+                replies: Mutex::new(IdMap::default()),
             },
             _ => {
                 let conn = transport::connect(&ep, opts.connect_timeout)?;
@@ -255,11 +267,11 @@ impl Client {
                     writer: Mutex::new(conn.writer().map_err(gone)?),
                     reader: Mutex::new(conn),
                     shared: Mutex::new(Shared {
-                        completed: HashMap::new(),
-                        abandoned: HashSet::new(),
+                        completed: IdMap::default(),
+                        abandoned: IdSet::default(),
                         reading: false,
                         dead: None,
-                        pending: HashSet::new(),
+                        pending: IdSet::default(),
                     }),
                     cv: Condvar::new(),
                 }))
@@ -445,8 +457,8 @@ impl Model {
     /// held until the response has come; any other input is copied into the
     /// session's arena once.
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
-        let start_ns = monotonic_ns();
         let inner = &self.client.inner;
+        let start_ns = inner.stamp();
         let sig = &self.info.signature;
         // The identity model (empty signature) takes anything.
         if !sig.inputs.is_empty() {
@@ -535,10 +547,12 @@ impl Model {
             inner.send(&h, &desc, &tensors)?;
         }
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let sent_ns = inner.stamp();
         Ok(Ticket {
             client: self.client.clone(),
             id: h.request_id,
             start_ns,
+            sent_ns,
             waited: false,
             pins,
         })
@@ -563,8 +577,12 @@ impl Ticket {
                 return Err(e);
             }
         };
+        let received_ns = frame.received_ns;
         let mut r = inner.response_from(self.id, frame, &pins)?;
         r.client_start_ns = self.start_ns;
+        r.client_sent_ns = self.sent_ns;
+        r.client_received_ns = received_ns;
+        r.client_done_ns = inner.stamp();
         Ok(r)
     }
 }
@@ -688,6 +706,7 @@ impl Inner {
     fn read_frame(&self, s: &StreamLink) -> Result<Frame, RecvError> {
         let mut conn = lock(&s.reader);
         let (header, desc) = conn.recv_head(&self.recv_limits)?;
+        let received_ns = self.stamp();
         let mut payload = self.pool.take(header.payload_len as usize)?;
         conn.recv_payload(&mut payload)?;
         self.stats
@@ -697,6 +716,7 @@ impl Inner {
             header,
             desc,
             payload: Payload::Contiguous(payload),
+            received_ns,
         })
     }
 
@@ -710,6 +730,7 @@ impl Inner {
                     header: r.header,
                     desc: r.desc,
                     payload: Payload::PerTensor(r.tensors),
+                    received_ns: self.stamp(),
                 });
             }
             Link::Shm(s) => {
@@ -718,6 +739,7 @@ impl Inner {
                     header,
                     desc,
                     payload: Payload::Arena,
+                    received_ns: self.stamp(),
                 });
             }
             Link::Stream(s) => s,
@@ -779,6 +801,16 @@ impl Inner {
 }
 
 impl Inner {
+    /// `CLOCK_MONOTONIC` now when timelines are wanted, else 0 (no clock
+    /// read on the hot path nobody looks at).
+    fn stamp(&self) -> u64 {
+        if self.opts.want_timeline {
+            monotonic_ns()
+        } else {
+            0
+        }
+    }
+
     /// A failed wait leaves the request's arena allocations with it until
     /// its response comes (shared memory only).
     fn keep_pins(&self, id: u64, pins: Vec<Arc<Allocation>>) {
@@ -804,7 +836,9 @@ impl Inner {
             outputs,
             timeline,
             client_start_ns: 0,
-            client_done_ns: monotonic_ns(),
+            client_sent_ns: 0,
+            client_received_ns: 0,
+            client_done_ns: 0,
         })
     }
 }
@@ -881,6 +915,8 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
         outputs,
         timeline: section.timeline,
         client_start_ns: 0,
-        client_done_ns: monotonic_ns(),
+        client_sent_ns: 0,
+        client_received_ns: 0,
+        client_done_ns: 0,
     })
 }

@@ -42,6 +42,7 @@
 
 mod conn;
 mod error;
+mod ids;
 mod shm;
 mod tensor;
 

@@ -24,10 +24,12 @@
 //! chunks, and files others' responses under their ids.
 
 use crate::error::ClientError;
+use crate::ids::{IdMap, IdSet};
 use crate::tensor::{Tensor, TensorBytes, TensorRef};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use transport::shm::{Arena, Layout, ShmChannel, ShmError, WaitPolicy};
@@ -275,6 +277,9 @@ impl TensorBytes for Allocation {
 /// Request ids whose agent-region outputs the client is done with.
 struct ReleaseQueue {
     ids: Mutex<Vec<u64>>,
+    /// `ids.len()`, readable without the lock: every request flushes, and
+    /// almost always there is nothing to flush.
+    queued: AtomicUsize,
     ch: Weak<Mutex<ShmChannel>>,
 }
 
@@ -285,6 +290,7 @@ impl ReleaseQueue {
         let n = {
             let mut ids = lock(&self.ids);
             ids.push(id);
+            self.queued.store(ids.len(), Ordering::Release);
             ids.len()
         };
         if n >= FLUSH_AT {
@@ -299,14 +305,23 @@ impl ReleaseQueue {
     /// Sends the queued releases the ring has room for (the channel lock is
     /// held by the caller); the rest wait for the next flush.
     fn flush(&self, ch: &mut ShmChannel) {
-        let ids = std::mem::take(&mut *lock(&self.ids));
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let ids = {
+            let mut q = lock(&self.ids);
+            self.queued.store(0, Ordering::Release);
+            std::mem::take(&mut *q)
+        };
         for (i, &id) in ids.iter().enumerate() {
             let mut h = Header::new(Kind::Release);
             h.request_id = id;
             match ch.send(&h, &[]) {
                 Ok(true) => {}
                 Ok(false) => {
-                    lock(&self.ids).extend_from_slice(&ids[i..]);
+                    let mut q = lock(&self.ids);
+                    q.extend_from_slice(&ids[i..]);
+                    self.queued.store(q.len(), Ordering::Release);
                     return;
                 }
                 // The session is broken: nothing to release any more.
@@ -353,13 +368,13 @@ pub(crate) struct Placed {
 
 struct Shared {
     /// Messages received for callers that have not collected them yet.
-    completed: HashMap<u64, (Header, Vec<u8>)>,
+    completed: IdMap<(Header, Vec<u8>)>,
     /// Requests given up on (ticket dropped, timed out), with the
     /// allocations they read: kept until their response arrives, since the
     /// agent may be reading them until then.
-    abandoned: HashMap<u64, Vec<Arc<Allocation>>>,
+    abandoned: IdMap<Vec<Arc<Allocation>>>,
     /// Requests sent and not yet answered.
-    pending: HashSet<u64>,
+    pending: IdSet,
     reading: bool,
     /// Callers parked on the condvar (no wake-up syscall when there are none).
     parked: usize,
@@ -415,6 +430,7 @@ impl ShmLink {
         let ch = Arc::new(Mutex::new(ch));
         let releases = Arc::new(ReleaseQueue {
             ids: Mutex::new(Vec::new()),
+            queued: AtomicUsize::new(0),
             ch: Arc::downgrade(&ch),
         });
         Ok((
@@ -425,9 +441,9 @@ impl ShmLink {
                 alloc,
                 releases,
                 shared: Mutex::new(Shared {
-                    completed: HashMap::new(),
-                    abandoned: HashMap::new(),
-                    pending: HashSet::new(),
+                    completed: IdMap::default(),
+                    abandoned: IdMap::default(),
+                    pending: IdSet::default(),
                     reading: false,
                     parked: 0,
                     dead: None,
@@ -527,7 +543,8 @@ impl ShmLink {
         recv_limits: &Limits,
         timeout: Duration,
     ) -> Result<(), ClientError> {
-        let deadline = Instant::now() + timeout;
+        // The clock is read only if the ring stays full for a while.
+        let mut deadline: Option<Instant> = None;
         let mut ch = lock(&self.ch);
         self.releases.flush(&mut ch);
         let mut tries = 0u32;
@@ -549,7 +566,8 @@ impl ShmLink {
             }
             tries = tries.wrapping_add(1);
             if tries.is_multiple_of(256) {
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= *deadline.get_or_insert(now + timeout) {
                     return Err(ClientError::Timeout(timeout));
                 }
                 if !ch.peer_alive() {
@@ -636,7 +654,10 @@ impl ShmLink {
         timeout: Duration,
         recv_limits: &Limits,
     ) -> Result<(Header, Vec<u8>), ClientError> {
-        let deadline = Instant::now() + timeout;
+        // The first pass reads no clock: a response that comes while this
+        // caller spins (the common case) costs no `clock_gettime`. The
+        // deadline is fixed as soon as anything waits longer.
+        let mut deadline: Option<Instant> = None;
         let mut spun = false;
         let mut sh = lock(&self.shared);
         loop {
@@ -646,21 +667,28 @@ impl ShmLink {
             if let Some(d) = &sh.dead {
                 return Err(ClientError::AgentGone(d.clone()));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                // Its answer may still come: drop it then.
-                sh.abandoned.entry(id).or_default();
-                return Err(ClientError::Timeout(timeout));
-            }
-            if sh.reading {
-                sh.parked += 1;
-                sh = self
-                    .cv
-                    .wait_timeout(sh, deadline - now)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-                sh.parked -= 1;
-                continue;
+            // How long the next chunk of waiting may take; `None` on the
+            // first pass, which reads no clock.
+            let mut limit = None;
+            if spun || sh.reading {
+                let now = Instant::now();
+                let d = *deadline.get_or_insert(now + timeout);
+                if now >= d {
+                    // Its answer may still come: drop it then.
+                    sh.abandoned.entry(id).or_default();
+                    return Err(ClientError::Timeout(timeout));
+                }
+                if sh.reading {
+                    sh.parked += 1;
+                    sh = self
+                        .cv
+                        .wait_timeout(sh, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    sh.parked -= 1;
+                    continue;
+                }
+                limit = Some((d - now).min(SLEEP_CHUNK));
             }
             sh.reading = true;
             drop(sh);
@@ -673,8 +701,8 @@ impl ShmLink {
             } else {
                 WaitPolicy::CLIENT
             };
+            let limit = limit.unwrap_or_else(|| timeout.min(policy.spin + SLEEP_CHUNK));
             spun = true;
-            let chunk_end = deadline.min(now + policy.spin + SLEEP_CHUNK);
             let r = {
                 let mut ch = lock(&self.ch);
                 self.releases.flush(&mut ch);
@@ -683,9 +711,13 @@ impl ShmLink {
                 if lock(&self.shared).completed.contains_key(&id) {
                     None
                 } else {
-                    Some(ch.recv(recv_limits, policy, Some(chunk_end)))
+                    Some(ch.recv(recv_limits, policy, Some(limit)))
                 }
             };
+            if deadline.is_none() {
+                // The first chunk began about `limit` ago at most.
+                deadline = Some(Instant::now() + timeout.saturating_sub(limit));
+            }
             sh = lock(&self.shared);
             sh.reading = false;
             match r {

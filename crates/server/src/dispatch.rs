@@ -114,7 +114,9 @@ struct InFlight<'a>(&'a AgentCore, u64);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.payload_budget.fetch_add(self.1, Ordering::AcqRel);
+        if self.1 > 0 {
+            self.0.payload_budget.fetch_add(self.1, Ordering::AcqRel);
+        }
         if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
             && self.0.closing.load(Ordering::Acquire)
         {
@@ -350,11 +352,15 @@ impl AgentCore {
             Placement::Payload => h.payload_len,
             Placement::Region { .. } => 0,
         };
-        let reserved =
+        // (Nothing to reserve over shared memory: skip the atomic.)
+        let reserved = if want == 0 {
+            Ok(0)
+        } else {
             self.payload_budget
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
                     left.checked_sub(want)
-                });
+                })
+        };
         if reserved.is_err() {
             return Err(self.fail(Reply::error(
                 id,

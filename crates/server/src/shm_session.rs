@@ -196,8 +196,9 @@ impl Session {
             Ok(p) => p,
             Err(reply) => return self.send(&reply),
         };
-        // The tensors are where the client wrote them.
-        tl.stamp(Stage::PayloadInPlace);
+        // The tensors were in place before the header was published: they
+        // are where the client wrote them (no clock read needed).
+        tl.set(Stage::PayloadInPlace, tl.get(Stage::Received));
         let arena = self.arena.clone();
         let base = self.layout.data_off;
         let views = prep.views(arena.bytes(base..base + self.layout.client_len));
@@ -404,8 +405,8 @@ impl Session {
     fn fatal(&mut self, status: Status, message: &str) {
         let r = self.core.fail(Reply::error(0, status, message));
         let fitted = self.fit(&r);
-        let deadline = Instant::now() + self.stall.min(Duration::from_millis(100));
-        let _ = self.publish(fitted.as_ref().unwrap_or(&r), deadline);
+        let stall = self.stall.min(Duration::from_millis(100));
+        let _ = self.publish(fitted.as_ref().unwrap_or(&r), stall);
     }
 
     /// Publishes `reply`, waiting (up to `stall_timeout`) for room in the
@@ -413,8 +414,7 @@ impl Session {
     fn send(&mut self, reply: &Reply) -> bool {
         let fitted = self.fit(reply);
         let r = fitted.as_ref().unwrap_or(reply);
-        let deadline = Instant::now() + self.stall;
-        self.publish(r, deadline)
+        self.publish(r, self.stall)
     }
 
     /// `None` if `reply` fits the response ring as it is; else a reply that
@@ -447,9 +447,12 @@ impl Session {
         })
     }
 
-    fn publish(&mut self, r: &Reply, deadline: Instant) -> bool {
+    fn publish(&mut self, r: &Reply, stall: Duration) -> bool {
         let mut pause = Duration::from_micros(20);
         let mut tries = 0u32;
+        // Read the clock only once the ring has been found full: a publish
+        // that goes through at once (the common case) costs no clock read.
+        let mut deadline: Option<Instant> = None;
         loop {
             match self.ch.send(&r.header, &r.desc) {
                 Ok(true) => return true,
@@ -464,7 +467,9 @@ impl Session {
                 std::thread::yield_now();
                 continue;
             }
-            if Instant::now() >= deadline || !self.ch.peer_alive() {
+            let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + stall);
+            if now >= deadline || !self.ch.peer_alive() {
                 return false;
             }
             std::thread::sleep(pause);

@@ -66,6 +66,11 @@ impl Timeline {
         self.stamps[stage as usize] = monotonic_ns();
     }
 
+    /// Sets `stage` to `ns` (a time already read for another stage).
+    pub fn set(&mut self, stage: Stage, ns: u64) {
+        self.stamps[stage as usize] = ns;
+    }
+
     /// The stamp of `stage` (0 if not taken).
     pub fn get(&self, stage: Stage) -> u64 {
         self.stamps[stage as usize]

@@ -141,6 +141,23 @@ impl Arena {
         unsafe { &*self.as_ptr().add(offset).cast::<AtomicU32>() }
     }
 
+    /// The `count` consecutive `AtomicU64`s from byte `offset` (8-byte
+    /// aligned, in bounds): one bounds check for a whole ring slot.
+    pub fn atomic_u64s(&self, offset: usize, count: usize) -> &[AtomicU64] {
+        assert!(
+            offset.is_multiple_of(8)
+                && count
+                    .checked_mul(8)
+                    .and_then(|b| b.checked_add(offset))
+                    .is_some_and(|end| end <= self.len()),
+            "bad atomic range {offset} + {count} words"
+        );
+        // SAFETY: as for `atomic_u64`, for each of the `count` words: the
+        // range is in the mapping (checked above) and 8-byte aligned (the
+        // mapping is page-aligned and `offset` is a multiple of 8).
+        unsafe { std::slice::from_raw_parts(self.as_ptr().add(offset).cast::<AtomicU64>(), count) }
+    }
+
     /// The `AtomicU64` at byte `offset` (must be 8-byte aligned and in bounds).
     pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
         assert!(
