@@ -27,6 +27,13 @@ enum Command {
     /// Classify the lines of a text file (the tweet classifier), or compare
     /// transports on it against the engine called directly.
     Classify(cmd::classify::Args),
+    /// Measure latency, throughput and CPU per request over each transport,
+    /// with the raw floor, gRPC and ttrpc peers in the same run; write
+    /// results, a report and plots.
+    Bench(Box<cmd::bench::Args>),
+    /// (internal) Serve the engine over a peer RPC framework for `bench`.
+    #[command(hide = true)]
+    PeerServe(cmd::peer_serve::Args),
     /// (internal) Hold N idle sessions open (for measuring idle cost).
     #[command(hide = true)]
     Hold(cmd::hold::Args),
@@ -43,6 +50,8 @@ fn main() -> ExitCode {
         Command::Models(a) => cmd::models::run(a),
         Command::Ping(a) => cmd::ping::run(a),
         Command::Classify(a) => cmd::classify::run(a),
+        Command::Bench(a) => cmd::bench::run(*a),
+        Command::PeerServe(a) => cmd::peer_serve::run(a),
         Command::Hold(a) => cmd::hold::run(a),
         Command::RawEcho(a) => cmd::ping::run_echo(a),
     };

@@ -1,10 +1,12 @@
 //! The subcommands, one module each, plus what they share: connecting to an
 //! agent, or starting an embedded one when the URI is `inproc://`.
 
+pub mod bench;
 pub mod classify;
 pub mod hold;
 pub mod infer;
 pub mod models;
+pub mod peer_serve;
 pub mod ping;
 pub mod serve;
 

@@ -4,12 +4,12 @@
 //! local`: the engine called directly, the baseline of the RPC tax).
 
 use super::{connect, parse_models, CmdError, DEFAULT_CONNECT};
+use bench::raw::{self, EchoOptions, RawKind, RawOptions};
+use bench::raw_shm::{self, ShmOptions};
+use bench::stats::{summarize, Summary};
 use client::TensorRef;
 use std::process::Command;
 use std::time::Instant;
-use tensorwire_cli::raw::{self, EchoOptions, RawKind, RawOptions};
-use tensorwire_cli::raw_shm::{self, ShmOptions};
-use tensorwire_cli::stats::{summarize, Summary};
 use wire::{AlignedBuf, DType, DESC_FIXED_LEN, HEADER_LEN};
 
 /// Arguments of `ping`.

@@ -1,0 +1,48 @@
+//! `tensorwire bench`: the instrument that shows where every microsecond of
+//! a model call goes, with tensorwire and its peers measured in the same run.
+//!
+//! The crate is a set of small pieces, each owning one job:
+//!
+//! - [`caller`]: what one request is ([`caller::Caller`]) and the stages a
+//!   request's time splits into ([`caller::Stage`]);
+//! - [`hist`]: latency histograms (HDR) and their percentiles;
+//! - [`schedule`]: open-loop arrival times (Poisson, constant, a trace file);
+//! - [`load`]: the load generators: closed loop with N clients, open loop on
+//!   a schedule (latency measured from the *scheduled* time, so coordinated
+//!   omission is not hidden), each bounded by a duration or a request count;
+//! - [`placement`]: pinning clients and servers to CPUs (same placement
+//!   for every target);
+//! - [`resources`]: CPU time and RSS of processes from `/proc`, and the rest
+//!   of the machine's CPU use (noise);
+//! - [`raw`], [`raw_shm`], [`child`]: the raw floors (bare sockets, a shared
+//!   page) and the child processes they run in;
+//! - [`stats`]: nearest-rank summaries and the spread over repeats;
+//! - [`results`]: the rows a run produces and `results.json` / `results.csv`;
+//! - [`report`], [`plot`], [`console`]: `report.md`, the SVG/PNG figures, and
+//!   what is printed while running.
+//!
+//! The targets (tensorwire over each transport, the in-process baseline, the
+//! raw floors, the gRPC and ttrpc peers), workloads and suites that tie these
+//! together are in [`target`], [`workload`] and [`suite`].
+
+pub mod caller;
+pub mod child;
+pub mod classify;
+pub mod console;
+pub mod hist;
+pub mod load;
+pub mod measure;
+pub mod placement;
+pub mod plot;
+pub mod raw;
+pub mod raw_shm;
+pub mod report;
+pub mod resources;
+pub mod results;
+pub mod schedule;
+pub mod stats;
+pub mod suite;
+pub mod target;
+pub mod workload;
+
+pub use caller::{BenchError, Caller, CallerFactory, Stage, StageSample};

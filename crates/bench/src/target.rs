@@ -1,0 +1,704 @@
+//! What a bench row measures: a [`TargetSpec`] (framework × transport),
+//! started for one workload as a [`RunningTarget`] that hands out
+//! [`Caller`]s, and stopped afterwards.
+//!
+//! - `tensorwire` over `inproc` (the agent embedded in this process), `shm`,
+//!   `unix`, `tcp`, `tcp?nodelay=0` (a `tensorwire serve` child process), or
+//!   an agent already running (`--connect URI`);
+//! - `local`: the engine called directly in this process, no agent, no
+//!   transport — the in-process baseline the RPC tax is measured against;
+//! - `raw`: the floor, a bare socket or shared-page ping-pong with no
+//!   framework (one client; measured by [`crate::raw`] / [`crate::raw_shm`]);
+//! - `grpc`, `ttrpc`: the peers, a `tensorwire peer-serve` child process
+//!   serving the *same* engine and model over tonic (KServe v2 `ModelInfer`)
+//!   or ttrpc, so only the RPC path differs.
+//!
+//! Every child process is stopped when its target is dropped; nothing
+//! outlives a run.
+
+use crate::caller::{BenchError, Caller, CallerFactory, Stage, StageSample};
+use crate::placement::{pin_process, Placement};
+use crate::workload::{Input, Workload};
+use classifier::agents::{AgentProcess, AgentSpec, RunningAgent, Transport};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The framework a target runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Framework {
+    /// tensorwire's agent and client.
+    Tensorwire,
+    /// The engine called directly (no transport).
+    Local,
+    /// A bare socket / shared page with no framework: the floor.
+    Raw,
+    /// tonic gRPC, KServe v2 `ModelInfer`.
+    Grpc,
+    /// ttrpc-rust.
+    Ttrpc,
+}
+
+impl Framework {
+    /// Its name in results.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Framework::Tensorwire => "tensorwire",
+            Framework::Local => "local",
+            Framework::Raw => "raw",
+            Framework::Grpc => "grpc",
+            Framework::Ttrpc => "ttrpc",
+        }
+    }
+
+    /// Parses a `--peers` entry.
+    pub fn parse_peer(s: &str) -> Result<Framework, BenchError> {
+        match s.trim() {
+            "raw" => Ok(Framework::Raw),
+            "grpc" => Ok(Framework::Grpc),
+            "ttrpc" => Ok(Framework::Ttrpc),
+            other => Err(BenchError::new(format!(
+                "--peers: unknown peer '{other}' (available: raw, grpc, ttrpc)"
+            ))),
+        }
+    }
+}
+
+/// The transport a target uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Net {
+    /// No transport (the engine in this process).
+    None,
+    /// The agent embedded in this process (`inproc://`).
+    Inproc,
+    /// Shared memory (`shm://`).
+    Shm,
+    /// A Unix socket.
+    Unix,
+    /// TCP loopback; `nodelay: false` = Nagle on both ends.
+    Tcp {
+        /// `TCP_NODELAY`.
+        nodelay: bool,
+    },
+}
+
+impl Net {
+    /// Its name in results.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Net::None => "none",
+            Net::Inproc => "inproc",
+            Net::Shm => "shm",
+            Net::Unix => "unix",
+            Net::Tcp { nodelay: true } => "tcp",
+            Net::Tcp { nodelay: false } => "tcp?nodelay=0",
+        }
+    }
+}
+
+/// One thing to measure.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TargetSpec {
+    /// The framework.
+    pub framework: Framework,
+    /// The transport.
+    pub net: Net,
+    /// An already running tensorwire agent to measure instead of starting
+    /// one (`--connect URI`).
+    pub connect: Option<String>,
+}
+
+impl TargetSpec {
+    /// A target started by the bench.
+    pub fn new(framework: Framework, net: Net) -> TargetSpec {
+        TargetSpec {
+            framework,
+            net,
+            connect: None,
+        }
+    }
+
+    /// Its name in tables: `tensorwire shm`, `raw unix`, `grpc tcp`,
+    /// `in-process`, `tensorwire @ URI`.
+    pub fn label(&self) -> String {
+        match (&self.connect, self.framework) {
+            (Some(uri), _) => format!("tensorwire @ {uri}"),
+            (None, Framework::Local) => "in-process".to_string(),
+            (None, f) => format!("{} {}", f.name(), self.net.name()),
+        }
+    }
+
+    /// Whether the target is a baseline rather than tensorwire.
+    pub fn is_peer(&self) -> bool {
+        !matches!(self.framework, Framework::Tensorwire | Framework::Local)
+    }
+}
+
+/// Parses a `--transports` list: `local`, `inproc`, `shm`, `unix`, `tcp`,
+/// `tcp?nodelay=0` (repeats and unknown names are errors).
+pub fn parse_transports(list: &str) -> Result<Vec<Net>, BenchError> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        let net = match item {
+            "local" | "none" => Net::None,
+            "inproc" | "inproc://" => Net::Inproc,
+            "shm" | "shm://" => Net::Shm,
+            "unix" | "unix://" => Net::Unix,
+            "tcp" | "tcp://" | "tcp?nodelay=1" => Net::Tcp { nodelay: true },
+            "tcp?nodelay=0" => Net::Tcp { nodelay: false },
+            other => {
+                return Err(BenchError::new(format!(
+                    "--transports: unknown transport '{other}' \
+                     (available: local, inproc, shm, unix, tcp, tcp?nodelay=0)"
+                )))
+            }
+        };
+        if out.contains(&net) {
+            return Err(BenchError::new(format!(
+                "--transports lists {} twice",
+                net.name()
+            )));
+        }
+        out.push(net);
+    }
+    Ok(out)
+}
+
+/// The targets for `transports` × (tensorwire + `peers`): tensorwire (or the
+/// local baseline for `local`) on every transport, and each peer on the
+/// transports it has (raw: unix, tcp, tcp?nodelay=0, shm; grpc and ttrpc:
+/// unix, tcp, tcp?nodelay=0).
+pub fn targets(transports: &[Net], peers: &[Framework]) -> Vec<TargetSpec> {
+    let mut out = Vec::new();
+    for &net in transports {
+        let fw = if net == Net::None {
+            Framework::Local
+        } else {
+            Framework::Tensorwire
+        };
+        out.push(TargetSpec::new(fw, net));
+        for &p in peers {
+            let has = match p {
+                Framework::Raw => matches!(net, Net::Unix | Net::Tcp { .. } | Net::Shm),
+                Framework::Grpc | Framework::Ttrpc => matches!(net, Net::Unix | Net::Tcp { .. }),
+                Framework::Tensorwire | Framework::Local => false,
+            };
+            if has {
+                out.push(TargetSpec::new(p, net));
+            }
+        }
+    }
+    out
+}
+
+/// What starting a target needs besides the spec and the workload.
+#[derive(Clone, Debug)]
+pub struct BenchEnv {
+    /// The `tensorwire` binary: runs `serve` for child agents, `peer-serve`
+    /// for the peers, and `raw-echo` for the floors.
+    pub exe: PathBuf,
+    /// ONNX Runtime intra-op threads, for every engine in the run.
+    pub intra_threads: usize,
+    /// Ask tensorwire agents for every request's timeline (stage
+    /// breakdown).
+    pub stages: bool,
+    /// Pin client threads and server processes ([`Placement`]), or leave
+    /// them to the scheduler.
+    pub placement: Option<Placement>,
+}
+
+/// A server process (agent or peer) a target runs, or none.
+enum Server {
+    None,
+    Agent(RunningAgent),
+    Peer(AgentProcess),
+}
+
+/// A started target.
+pub struct RunningTarget {
+    /// What it is.
+    pub spec: TargetSpec,
+    /// Makes a caller (a connection) per client; `None` for the raw floor,
+    /// which is measured by its own loop ([`crate::raw`]).
+    pub factory: Option<Arc<CallerFactory>>,
+    /// Request bytes of the workload (the raw floor moves as many).
+    pub tensor_bytes: u64,
+    server: Server,
+}
+
+impl std::fmt::Debug for RunningTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RunningTarget({})", self.spec.label())
+    }
+}
+
+impl RunningTarget {
+    /// The process id of the separate server process, if there is one.
+    pub fn server_pid(&self) -> Option<u32> {
+        match &self.server {
+            Server::None => None,
+            Server::Agent(a) => a.pid(),
+            Server::Peer(p) => Some(p.pid()),
+        }
+    }
+
+    /// Stops the server (SIGTERM and wait, for child processes).
+    pub fn stop(self) -> Result<(), BenchError> {
+        match self.server {
+            Server::None => Ok(()),
+            Server::Agent(a) => a.stop().map_err(|e| BenchError::new(e.to_string())),
+            Server::Peer(p) => p
+                .stop(classifier::agents::STOP_TIMEOUT)
+                .map_err(|e| BenchError::new(e.to_string())),
+        }
+    }
+}
+
+/// Starts `spec` serving `workload` (its server process pinned to
+/// `env.placement`'s server CPU, if any).
+pub fn start(
+    spec: &TargetSpec,
+    workload: &Workload,
+    env: &BenchEnv,
+) -> Result<RunningTarget, BenchError> {
+    let t = start_unpinned(spec, workload, env)?;
+    if let (Some(p), Some(pid)) = (env.placement, t.server_pid()) {
+        if let Err(e) = pin_process(pid, p.server_cpu) {
+            let _ = t.stop();
+            return Err(e);
+        }
+    }
+    Ok(t)
+}
+
+fn start_unpinned(
+    spec: &TargetSpec,
+    workload: &Workload,
+    env: &BenchEnv,
+) -> Result<RunningTarget, BenchError> {
+    let label = spec.label();
+    let err = |e: String| BenchError::new(format!("{label}: {e}"));
+    let bytes_of = |sig: &wire::ModelSignature| -> Result<u64, BenchError> {
+        Ok(crate::workload::tensor_bytes(&workload.inputs(sig)?))
+    };
+    match spec.framework {
+        Framework::Local => {
+            let backend = workload
+                .load_backend(env.intra_threads)
+                .map_err(|e| err(e.0))?;
+            let tensor_bytes = bytes_of(backend.signature())?;
+            let w = workload.clone();
+            let factory: Arc<CallerFactory> = Arc::new(move || {
+                let inputs = w.inputs(backend.signature())?;
+                Ok(Box::new(LocalCaller {
+                    backend: backend.clone(),
+                    inputs,
+                }) as Box<dyn Caller>)
+            });
+            Ok(RunningTarget {
+                spec: spec.clone(),
+                factory: Some(factory),
+                tensor_bytes,
+                server: Server::None,
+            })
+        }
+        Framework::Raw => {
+            let backend = workload
+                .load_backend(env.intra_threads)
+                .map_err(|e| err(e.0))?;
+            Ok(RunningTarget {
+                spec: spec.clone(),
+                factory: None,
+                tensor_bytes: bytes_of(backend.signature())?,
+                server: Server::None,
+            })
+        }
+        Framework::Tensorwire => start_tensorwire(spec, workload, env).map_err(|e| err(e.0)),
+        Framework::Grpc | Framework::Ttrpc => start_peer(spec, workload, env).map_err(|e| err(e.0)),
+    }
+}
+
+fn agent_spec(workload: &Workload, env: &BenchEnv) -> AgentSpec {
+    AgentSpec {
+        model_name: workload.model_name().to_string(),
+        model_path: workload.model_path().map(PathBuf::from).unwrap_or_default(),
+        intra_threads: env.intra_threads,
+        serve_exe: env.exe.clone(),
+    }
+}
+
+fn start_tensorwire(
+    spec: &TargetSpec,
+    workload: &Workload,
+    env: &BenchEnv,
+) -> Result<RunningTarget, BenchError> {
+    let (uri, server) = match &spec.connect {
+        Some(uri) => (uri.clone(), Server::None),
+        None => {
+            let transport = match spec.net {
+                Net::Inproc => Transport::Inproc,
+                Net::Shm => Transport::Shm,
+                Net::Unix => Transport::Unix,
+                Net::Tcp { nodelay } => Transport::Tcp { nodelay },
+                Net::None => return Err(BenchError::new("tensorwire needs a transport")),
+            };
+            let agent = match workload {
+                // The identity model is always served: no model to load.
+                Workload::Identity { .. } => start_identity_agent(&spec.label(), transport, env)?,
+                Workload::Model { .. } => {
+                    RunningAgent::start(&spec.label(), transport, &agent_spec(workload, env))
+                        .map_err(|e| BenchError::new(e.to_string()))?
+                }
+            };
+            (agent.uri().to_string(), Server::Agent(agent))
+        }
+    };
+    let opts = client::ClientOptions {
+        want_timeline: env.stages,
+        ..client::ClientOptions::default()
+    };
+    // Probe once so a wrong URI or model fails here, not in every client.
+    let probe = TensorwireCaller::connect(&uri, workload, opts.clone())?;
+    let tensor_bytes = crate::workload::tensor_bytes(&probe.inputs);
+    drop(probe);
+    let w = workload.clone();
+    let factory: Arc<CallerFactory> = Arc::new(move || {
+        Ok(Box::new(TensorwireCaller::connect(&uri, &w, opts.clone())?) as Box<dyn Caller>)
+    });
+    Ok(RunningTarget {
+        spec: spec.clone(),
+        factory: Some(factory),
+        tensor_bytes,
+        server,
+    })
+}
+
+/// An agent serving only the built-in identity model.
+fn start_identity_agent(
+    label: &str,
+    transport: Transport,
+    env: &BenchEnv,
+) -> Result<RunningAgent, BenchError> {
+    match transport {
+        Transport::Inproc => {
+            let name = format!("bench-{}-{}", std::process::id(), next_seq());
+            let cfg = server::AgentConfig {
+                listen: vec![transport::Endpoint::Inproc(name.clone())],
+                ..server::AgentConfig::default()
+            };
+            let agent =
+                server::Agent::start(cfg).map_err(|e| BenchError::new(format!("{label}: {e}")))?;
+            Ok(RunningAgent::Embedded {
+                agent: Some(agent),
+                uri: format!("inproc://{name}"),
+            })
+        }
+        _ => {
+            let dir = tempfile::Builder::new()
+                .prefix("tw-bench-")
+                .tempdir()
+                .map_err(|e| BenchError::new(format!("temporary directory: {e}")))?;
+            let listen = listen_uri(transport, &dir);
+            let args: Vec<OsString> = vec!["serve".into(), "--listen".into(), listen.into()];
+            let p = AgentProcess::spawn(
+                label,
+                &env.exe,
+                &args,
+                dir,
+                classifier::agents::START_TIMEOUT,
+            )
+            .map_err(|e| BenchError::new(e.to_string()))?;
+            Ok(RunningAgent::Process(p))
+        }
+    }
+}
+
+fn next_seq() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Where a child server listens for `transport`.
+fn listen_uri(transport: Transport, dir: &tempfile::TempDir) -> String {
+    match transport {
+        Transport::Unix => format!("unix://{}", dir.path().join("server.sock").display()),
+        Transport::Shm => format!("shm://bench-{}-{}", std::process::id(), next_seq()),
+        Transport::Tcp { nodelay: true } => "tcp://127.0.0.1:0".to_string(),
+        Transport::Tcp { nodelay: false } => "tcp://127.0.0.1:0?nodelay=0".to_string(),
+        Transport::Inproc => format!("inproc://bench-{}", next_seq()),
+    }
+}
+
+fn start_peer(
+    spec: &TargetSpec,
+    workload: &Workload,
+    env: &BenchEnv,
+) -> Result<RunningTarget, BenchError> {
+    let transport = match spec.net {
+        Net::Unix => Transport::Unix,
+        Net::Tcp { nodelay } => Transport::Tcp { nodelay },
+        other => {
+            return Err(BenchError::new(format!(
+                "{} has no {} transport",
+                spec.framework.name(),
+                other.name()
+            )))
+        }
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("tw-peer-")
+        .tempdir()
+        .map_err(|e| BenchError::new(format!("temporary directory: {e}")))?;
+    let mut args: Vec<OsString> = vec![
+        "peer-serve".into(),
+        "--peer".into(),
+        spec.framework.name().into(),
+        "--listen".into(),
+        listen_uri(transport, &dir).into(),
+        "--intra-threads".into(),
+        env.intra_threads.to_string().into(),
+    ];
+    if let Some(path) = workload.model_path() {
+        let mut m = OsString::from(format!("{}=", workload.model_name()));
+        m.push(path.as_os_str());
+        args.push("--model".into());
+        args.push(m);
+    }
+    let proc = AgentProcess::spawn(
+        &spec.label(),
+        &env.exe,
+        &args,
+        dir,
+        classifier::agents::START_TIMEOUT,
+    )
+    .map_err(|e| BenchError::new(e.to_string()))?;
+    let uri = proc.uri().to_string();
+    // The request is shaped by the model's signature, read here from the
+    // same file the peer loaded (the identity model takes anything).
+    let sig = match workload {
+        Workload::Identity { .. } => {
+            engine::Backend::signature(&engine::IdentityBackend::new()).clone()
+        }
+        Workload::Model { .. } => workload.load_backend(1)?.signature().clone(),
+    };
+    let inputs = workload.inputs(&sig)?;
+    let tensor_bytes = crate::workload::tensor_bytes(&inputs);
+    let framework = spec.framework;
+    let model = workload.model_name().to_string();
+    let inputs = Arc::new(inputs);
+    let factory: Arc<CallerFactory> = Arc::new(move || -> Result<Box<dyn Caller>, BenchError> {
+        let views = views(&inputs);
+        match framework {
+            Framework::Grpc => {
+                let client = peer_grpc::Client::connect(&uri)
+                    .map_err(|e| BenchError::new(format!("grpc {uri}: {e}")))?;
+                let req = client.prepare(&model, &views);
+                Ok(Box::new(GrpcCaller { client, req }))
+            }
+            _ => {
+                let client = peer_ttrpc::Client::connect(&uri)
+                    .map_err(|e| BenchError::new(format!("ttrpc {uri}: {e}")))?;
+                let req = client.prepare(&model, &views);
+                Ok(Box::new(TtrpcCaller { client, req }))
+            }
+        }
+    });
+    Ok(RunningTarget {
+        spec: spec.clone(),
+        factory: Some(factory),
+        tensor_bytes,
+        server: Server::Peer(proc),
+    })
+}
+
+fn views(inputs: &[Input]) -> Vec<engine::TensorView<'_>> {
+    inputs
+        .iter()
+        .map(|(d, s, b)| engine::TensorView::new(*d, s, b))
+        .collect()
+}
+
+/// The engine called directly.
+struct LocalCaller {
+    backend: Arc<dyn engine::Backend>,
+    inputs: Vec<Input>,
+}
+
+impl Caller for LocalCaller {
+    fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
+        let v = views(&self.inputs);
+        self.backend
+            .run(&v)
+            .map_err(|e| BenchError::new(e.to_string()))?;
+        Ok(None)
+    }
+}
+
+/// A tensorwire client with its inputs allocated where the transport wants
+/// them (in the session's arena over shm: zero-copy requests).
+struct TensorwireCaller {
+    model: client::Model,
+    bufs: Vec<client::TensorBuf>,
+    inputs: Vec<Input>,
+    _client: client::Client,
+}
+
+impl TensorwireCaller {
+    fn connect(
+        uri: &str,
+        workload: &Workload,
+        opts: client::ClientOptions,
+    ) -> Result<TensorwireCaller, BenchError> {
+        let e = |x: client::ClientError| BenchError::new(format!("{uri}: {x}"));
+        let c = client::Client::connect_with(uri, opts).map_err(e)?;
+        let model = c.model(workload.model_name()).map_err(e)?;
+        let inputs = workload.inputs(model.signature())?;
+        let mut bufs = Vec::with_capacity(inputs.len());
+        for (dtype, shape, data) in &inputs {
+            let mut t = c.alloc_tensor(*dtype, shape).map_err(e)?;
+            t.as_mut_bytes().copy_from_slice(data);
+            bufs.push(t);
+        }
+        Ok(TensorwireCaller {
+            model,
+            bufs,
+            inputs,
+            _client: c,
+        })
+    }
+}
+
+impl Caller for TensorwireCaller {
+    fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
+        let tensors: Vec<client::TensorRef<'_>> = self.bufs.iter().map(|t| t.as_ref()).collect();
+        let r = self
+            .model
+            .infer(&tensors)
+            .map_err(|e| BenchError::new(e.to_string()))?;
+        if r.outputs.is_empty()
+            && !self.inputs.is_empty()
+            && self.model.signature().inputs.is_empty()
+        {
+            return Err(BenchError::new("the identity model returned no outputs"));
+        }
+        Ok(r.timeline.as_ref().and_then(|tl| {
+            stage_sample(
+                r.client_start_ns,
+                r.client_sent_ns,
+                tl,
+                r.client_received_ns,
+                r.client_done_ns,
+            )
+        }))
+    }
+}
+
+/// Joins the client's four stamps with the agent's timeline (both
+/// `CLOCK_MONOTONIC` on one machine). `None` when a stamp is missing.
+pub fn stage_sample(
+    start: u64,
+    sent: u64,
+    tl: &wire::Timeline,
+    received: u64,
+    done: u64,
+) -> Option<StageSample> {
+    use wire::Stage as W;
+    let points = [
+        start,
+        sent,
+        tl.get(W::Received),
+        tl.get(W::Queued),
+        tl.get(W::ComputeStart),
+        tl.get(W::ComputeEnd),
+        tl.get(W::ResponseSent),
+        received,
+        done,
+    ];
+    if points.contains(&0) {
+        return None;
+    }
+    let mut s = StageSample::default();
+    for (i, w) in points.windows(2).enumerate() {
+        s.0[i] = w[1].saturating_sub(w[0]);
+    }
+    debug_assert_eq!(Stage::COUNT, points.len() - 1);
+    Some(s)
+}
+
+struct GrpcCaller {
+    client: peer_grpc::Client,
+    req: peer_grpc::Request,
+}
+
+impl Caller for GrpcCaller {
+    fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
+        self.client
+            .call(&self.req)
+            .map_err(|e| BenchError::new(e.to_string()))?;
+        Ok(None)
+    }
+}
+
+struct TtrpcCaller {
+    client: peer_ttrpc::Client,
+    req: peer_ttrpc::Request,
+}
+
+impl Caller for TtrpcCaller {
+    fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
+        self.client
+            .call(&self.req)
+            .map_err(|e| BenchError::new(e.to_string()))?;
+        Ok(None)
+    }
+}
+
+/// How long a raw floor's echo peer may take to start.
+pub const RAW_START: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_lists_parse() {
+        let t = parse_transports("local,inproc,shm,unix,tcp,tcp?nodelay=0").expect("all");
+        assert_eq!(t.len(), 6);
+        assert!(parse_transports("unix,unix").is_err());
+        assert!(parse_transports("vsock").is_err());
+        assert!(Framework::parse_peer("zmq").is_err());
+    }
+
+    #[test]
+    fn peers_only_get_their_transports() {
+        let peers = [Framework::Raw, Framework::Grpc, Framework::Ttrpc];
+        let t = targets(&[Net::None, Net::Shm, Net::Unix], &peers);
+        let labels: Vec<String> = t.iter().map(TargetSpec::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "in-process",
+                "tensorwire shm",
+                "raw shm",
+                "tensorwire unix",
+                "raw unix",
+                "grpc unix",
+                "ttrpc unix"
+            ]
+        );
+    }
+
+    #[test]
+    fn stages_add_up_to_the_round_trip() {
+        let tl = wire::Timeline {
+            stamps: [110, 120, 130, 140, 150, 160],
+        };
+        let s = stage_sample(100, 105, &tl, 170, 180).expect("complete");
+        assert_eq!(s.0.iter().sum::<u64>(), 80);
+        assert_eq!(s.get(Stage::ClientSend), 5);
+        assert_eq!(s.get(Stage::ClientReceive), 10);
+        assert!(stage_sample(100, 0, &tl, 170, 180).is_none());
+    }
+}

@@ -1,0 +1,263 @@
+//! `tensorwire bench`: measure tensorwire over each transport, and its peers
+//! in the same run, under closed-loop, open-loop or trace-replay load; print
+//! a table and write results, a report and plots (`--out DIR`).
+//!
+//! This module only turns arguments into a [`bench::suite::Plan`]; the
+//! harness is the `tensorwire-bench` crate.
+
+use super::CmdError;
+use bench::load::{Bounds, Load};
+use bench::suite::{self, LoadSpec, Part, Plan};
+use bench::target::{self, BenchEnv, Framework, TargetSpec};
+use bench::workload::{parse_size, Workload};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Arguments of `bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Run a named suite (vaccel, breakdown, load) instead of the options
+    /// below; each regenerates one published experiment.
+    #[arg(long)]
+    suite: Option<String>,
+    /// The ≤ 1 minute version of a suite (fewer models, shorter rows).
+    #[arg(long)]
+    quick: bool,
+    /// The model: `identity` (sized by --size), or NAME=PATH.onnx / PATH.onnx.
+    #[arg(long, default_value = "identity")]
+    model: String,
+    /// Tensor bytes per identity request, comma-separated (0 = empty RPC;
+    /// K/M suffixes).
+    #[arg(long, default_value = "0")]
+    size: String,
+    /// The value of dynamic dimensions other than the batch (e.g. sequence
+    /// length) for ONNX models' generated inputs.
+    #[arg(long, default_value_t = 1)]
+    dyn_dim: u64,
+    /// Transports to start an agent on: local (engine called directly, no
+    /// transport), inproc, shm, unix, tcp, tcp?nodelay=0.
+    #[arg(long, default_value = "local,inproc,shm,unix,tcp")]
+    transports: String,
+    /// Baselines measured in the same run: raw (bare socket / shared-page
+    /// floor), grpc (tonic, KServe v2), ttrpc.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Measure an agent that is already running instead (no agent started;
+    /// --transports and --peers are ignored).
+    #[arg(long, value_name = "URI")]
+    connect: Option<String>,
+    /// Closed loop: concurrent clients, comma-separated (each its own
+    /// connection and thread).
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Open loop: offered loads in requests/s, comma-separated. Latency is
+    /// measured from each request's scheduled time.
+    #[arg(long, value_delimiter = ',')]
+    rate: Vec<f64>,
+    /// Open loop: arrival process, poisson or constant.
+    #[arg(long, default_value = "poisson")]
+    arrival: String,
+    /// Open loop and trace: connections issuing the schedule.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Replay a trace: one timestamp (seconds) per line.
+    #[arg(long, value_name = "FILE", conflicts_with = "rate")]
+    trace: Option<PathBuf>,
+    /// Seconds each measurement runs (at most).
+    #[arg(long, default_value_t = 2.0)]
+    duration: f64,
+    /// Timed requests per measurement (at most).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Untimed requests per client before each measurement.
+    #[arg(long, default_value_t = 100)]
+    warmup: u64,
+    /// Repeats of each measurement (the spread is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// ONNX Runtime intra-op threads of every engine in the run.
+    #[arg(long, default_value_t = 2)]
+    intra_threads: usize,
+    /// Do not ask agents for timelines (no stage breakdown).
+    #[arg(long)]
+    no_stages: bool,
+    /// Placement: `cross` pins client threads to one CPU and every server
+    /// process (agent, peer, raw echo) to another; `same` puts them all on
+    /// one CPU; `none` leaves it to the scheduler. Default: cross for the
+    /// vaccel suite, none otherwise.
+    #[arg(long, value_name = "cross|same|none")]
+    pin: Option<String>,
+    /// Write results.json, results.csv, report.md and plots here.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Runs `bench`.
+pub fn run(a: Args) -> Result<(), CmdError> {
+    let started = std::time::SystemTime::now();
+    let t0 = Instant::now();
+    let root = classifier::paths::repo_root();
+    let plan = match &a.suite {
+        Some(name) => suite::suite(name, &root, a.quick)?,
+        None => custom_plan(&a)?,
+    };
+    let pin = a
+        .pin
+        .clone()
+        .unwrap_or_else(|| if plan.pin_by_default { "cross" } else { "none" }.to_string());
+    let placement = bench::placement::Placement::parse(&pin)?;
+    let env = BenchEnv {
+        exe: std::env::current_exe()?,
+        intra_threads: a.intra_threads,
+        stages: !a.no_stages,
+        placement,
+    };
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mut console = bench::console::Console::new(a.quiet);
+    let rows = suite::run_plan(&plan, &env, &mut console)?;
+    let results = bench::results::Results {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        commit: bench::resources::tensorwire_commit(&root),
+        started_unix: started
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        elapsed_s: t0.elapsed().as_secs_f64(),
+        machine: bench::resources::machine_info(),
+        placement: bench::placement::Placement::describe(placement),
+        quick: a.quick,
+        rows,
+    };
+    if let Some(dir) = &a.out {
+        results.write_json(dir)?;
+        results.write_csv(dir)?;
+        let figures = bench::plot::write_all(dir, &results)?;
+        bench::report::write_report(dir, &results, &figures)?;
+        println!(
+            "wrote {} rows, {} figures and report.md to {}",
+            results.rows.len(),
+            figures.len(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The plan of a run without `--suite`.
+fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
+    if a.repeats == 0 || a.repeats > 100 {
+        return Err("--repeats must be 1 to 100".into());
+    }
+    if !(a.duration > 0.0 && a.duration <= 3600.0) {
+        return Err("--duration must be more than 0 and at most 3600 seconds".into());
+    }
+    if a.clients.is_empty() || a.clients.iter().any(|&c| c == 0 || c > 1024) {
+        return Err("--clients must be 1 to 1024".into());
+    }
+    if a.connections == 0 || a.connections > 1024 {
+        return Err("--connections must be 1 to 1024".into());
+    }
+    let workloads: Vec<Workload> = if a.model == "identity" {
+        a.size
+            .split(',')
+            .map(|s| {
+                Ok(Workload::Identity {
+                    bytes: parse_size(s)?,
+                })
+            })
+            .collect::<Result<_, bench::BenchError>>()?
+    } else {
+        let (name, path) = match a.model.split_once('=') {
+            Some((n, p)) => (n.to_string(), PathBuf::from(p)),
+            None => {
+                let p = PathBuf::from(&a.model);
+                let n = p
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .ok_or("--model: give NAME=PATH.onnx")?
+                    .to_string();
+                (n, p)
+            }
+        };
+        if !path.is_file() {
+            return Err(format!("--model: {} is not a file", path.display()).into());
+        }
+        vec![Workload::Model {
+            name,
+            path,
+            dyn_dim: a.dyn_dim,
+        }]
+    };
+    let targets: Vec<TargetSpec> = match &a.connect {
+        Some(uri) => vec![TargetSpec {
+            framework: Framework::Tensorwire,
+            net: target::Net::None,
+            connect: Some(uri.clone()),
+        }],
+        None => {
+            let nets = target::parse_transports(&a.transports)?;
+            let peers = a
+                .peers
+                .iter()
+                .map(|p| Framework::parse_peer(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            target::targets(&nets, &peers)
+        }
+    };
+    let duration = Duration::from_secs_f64(a.duration);
+    let loads: Vec<LoadSpec> = if let Some(trace) = &a.trace {
+        vec![LoadSpec::Fixed(Load::Open {
+            offsets: bench::schedule::read_trace(trace)?,
+            connections: a.connections,
+            label: "trace".into(),
+            rate: None,
+        })]
+    } else if !a.rate.is_empty() {
+        let arrival: bench::schedule::Arrival = a.arrival.parse()?;
+        a.rate
+            .iter()
+            .map(|&r| {
+                Ok(LoadSpec::Fixed(Load::Open {
+                    offsets: bench::schedule::arrivals(
+                        arrival,
+                        r,
+                        duration,
+                        a.requests,
+                        suite::SEED,
+                    )?,
+                    connections: a.connections,
+                    label: a.arrival.clone(),
+                    rate: Some(r),
+                }))
+            })
+            .collect::<Result<_, bench::BenchError>>()?
+    } else {
+        a.clients
+            .iter()
+            .map(|&c| LoadSpec::Fixed(Load::Closed { clients: c }))
+            .collect()
+    };
+    Ok(Plan {
+        suite: "custom".into(),
+        pin_by_default: false,
+        parts: workloads
+            .into_iter()
+            .map(|w| Part {
+                workload: w,
+                targets: targets.clone(),
+                loads: loads.clone(),
+                bounds: Bounds {
+                    warmup: a.warmup,
+                    duration: Some(duration),
+                    requests: a.requests,
+                },
+                repeats: a.repeats,
+            })
+            .collect(),
+        classifier: None,
+    })
+}
