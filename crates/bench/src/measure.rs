@@ -121,44 +121,59 @@ fn raw_floor(
     bounds: &Bounds,
     env: &BenchEnv,
 ) -> Result<(load::LoadResult, u64), BenchError> {
-    let iterations = usize::try_from(bounds.requests.unwrap_or(10_000))
-        .map_err(|_| BenchError::new("too many requests"))?;
-    let warmup = usize::try_from(bounds.warmup).unwrap_or(usize::MAX);
     let mut cmd = Command::new(&env.exe);
     cmd.arg("raw-echo");
     if let Some(p) = env.placement {
         cmd.args(["--cpu", &p.server_cpu.to_string()]);
     }
-    let t0 = Instant::now();
-    let samples = match target.spec.net {
-        Net::Shm => raw_shm::run_shm_ping(&raw_shm::ShmOptions { iterations, warmup }, Some(&cmd))?,
-        Net::Unix | Net::Tcp { .. } => {
-            let kind = if target.spec.net == Net::Unix {
-                raw::RawKind::Unix
-            } else {
-                raw::RawKind::Tcp
-            };
-            let msg_len = usize::try_from(request_bytes(target.tensor_bytes))
-                .map_err(|_| BenchError::new("message too large"))?;
-            raw::run_raw_ping(
-                &raw::RawOptions {
-                    kind,
-                    iterations,
-                    warmup,
-                    msg_len,
-                    nodelay: target.spec.net != (Net::Tcp { nodelay: false }),
-                    split_writes: false,
-                },
-                Some(&cmd),
-            )?
-        }
-        other => {
-            return Err(BenchError::new(format!(
-                "no raw floor for {}",
-                other.name()
-            )))
-        }
+    let run = |iterations: usize, warmup: usize| -> Result<Vec<u64>, BenchError> {
+        Ok(match target.spec.net {
+            Net::Shm => {
+                raw_shm::run_shm_ping(&raw_shm::ShmOptions { iterations, warmup }, Some(&cmd))?
+            }
+            Net::Unix | Net::Tcp { .. } => {
+                let kind = if target.spec.net == Net::Unix {
+                    raw::RawKind::Unix
+                } else {
+                    raw::RawKind::Tcp
+                };
+                let msg_len = usize::try_from(request_bytes(target.tensor_bytes))
+                    .map_err(|_| BenchError::new("message too large"))?;
+                raw::run_raw_ping(
+                    &raw::RawOptions {
+                        kind,
+                        iterations,
+                        warmup,
+                        msg_len,
+                        nodelay: target.spec.net != (Net::Tcp { nodelay: false }),
+                        split_writes: false,
+                    },
+                    Some(&cmd),
+                )?
+            }
+            other => {
+                return Err(BenchError::new(format!(
+                    "no raw floor for {}",
+                    other.name()
+                )))
+            }
+        })
     };
+    let mut iterations = usize::try_from(bounds.requests.unwrap_or(10_000))
+        .map_err(|_| BenchError::new("too many requests"))?;
+    let mut warmup = usize::try_from(bounds.warmup).unwrap_or(usize::MAX);
+    // The floors' loops count round trips, not time: a short probe says how
+    // many fit the duration (spinning on one shared core costs two 4 ms
+    // scheduler ticks a round trip, 20 000 of them would take minutes).
+    if let Some(d) = bounds.duration {
+        let probe = run(PROBE, 0)?;
+        let mean_ns = probe.iter().sum::<u64>() / probe.len().max(1) as u64;
+        let fit = usize::try_from(d.as_nanos() / u128::from(mean_ns.max(1))).unwrap_or(usize::MAX);
+        iterations = iterations.min(fit.max(PROBE));
+        warmup = warmup.min(iterations / 10);
+    }
+    let t0 = Instant::now();
+    let samples = run(iterations, warmup)?;
     let elapsed = t0.elapsed();
     let mut latency = LatencyHist::new();
     let mut busy_ns: u64 = 0;
@@ -183,6 +198,9 @@ fn raw_floor(
     };
     Ok((r, n + warmup as u64))
 }
+
+/// Round trips of the raw floor's probe for its speed.
+const PROBE: usize = 20;
 
 /// What a row is about, besides its figures.
 #[derive(Clone, Debug)]
@@ -225,15 +243,9 @@ pub fn aggregate(key: &RowKey, target: &RunningTarget, load: &Load, repeats: &[R
         merged.merge(&r.latency);
         stages.merge(&r.stages);
     }
+    // (Repeats shorter than NOISE_MIN have no noise figure; the report
+    // says so once rather than on every row.)
     let mut note = String::new();
-    if noises.len() < repeats.len() {
-        note = format!(
-            "noise not measured for {} of {} repeats (shorter than {} ms)",
-            repeats.len() - noises.len(),
-            repeats.len(),
-            NOISE_MIN.as_millis()
-        );
-    }
     if noise_max > 25.0 {
         if !note.is_empty() {
             note.push_str("; ");

@@ -256,7 +256,8 @@ fn write_reading_guide(out: &mut String, r: &Results) {
         out,
         "- `noise` is the CPU other processes used while a row ran (percent of \
          one core); rows above {NOISE_FLAG_PCT:.0}% are flagged `!` and should be \
-         read with care."
+         read with care. It is measured only over repeats of at least 250 ms \
+         (`/proc/stat` counts 10 ms ticks), and shows 0% for shorter rows."
     );
     let _ = writeln!(
         out,
@@ -337,8 +338,10 @@ fn write_suite(out: &mut String, suite: &str, rows: &[Row]) {
         } else {
             format!("open loop ({load})")
         };
-        let size = if *bytes == 0 {
+        let size = if *bytes == 0 && model == "identity" {
             "empty request".to_string()
+        } else if *bytes == 0 {
+            "inputs of every size".to_string()
         } else {
             format!("{} per request", format_bytes(*bytes))
         };
