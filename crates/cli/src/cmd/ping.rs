@@ -187,36 +187,15 @@ fn message_bytes(inputs: &Inputs) -> u64 {
 /// Inputs for one request: identity gets one u8 tensor of `--size` bytes
 /// (none for 0); other models get seeded random tensors from their signature.
 fn make_inputs(a: &Args, sig: &wire::ModelSignature) -> Result<Inputs, CmdError> {
+    // The same inputs `tensorwire bench` makes (one workload definition).
     if sig.inputs.is_empty() {
-        if a.size == 0 {
-            return Ok(Vec::new());
-        }
-        let mut data = AlignedBuf::zeroed(usize::try_from(a.size)?)?;
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        return Ok(vec![(DType::U8, vec![a.size], data)]);
+        return Ok(bench::workload::identity_inputs(a.size)?);
     }
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut out = Vec::new();
-    for spec in &sig.inputs {
-        let shape: Vec<u64> = spec.shape.iter().map(|d| d.unwrap_or(1)).collect();
-        let len = wire::TensorDesc::byte_len(spec.dtype, &shape).ok_or("input shape overflows")?;
-        let mut data = AlignedBuf::zeroed(usize::try_from(len)?)?;
-        // Floats get values in [-1, 1); integers stay 0 (a valid index or id
-        // for any model that takes them).
-        if spec.dtype == DType::F32 {
-            for c in data.chunks_exact_mut(4) {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                let v = (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-                c.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        out.push((spec.dtype, shape, data));
-    }
-    Ok(out)
+    Ok(bench::workload::seeded_inputs(
+        sig,
+        1,
+        0x9e37_79b9_7f4a_7c15,
+    )?)
 }
 
 fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
