@@ -96,7 +96,7 @@ impl Server {
         let _guard = runtime.enter();
         let (uri, socket, task) = match ep {
             Endpoint::Unix(path) => {
-                remove_stale_socket(&path).map_err(listen_err)?;
+                transport::remove_stale_unix_socket(&path).map_err(listen_err)?;
                 let listener = tokio::net::UnixListener::bind(&path).map_err(listen_err)?;
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
                 let task =
@@ -183,21 +183,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop_now();
     }
-}
-
-/// Removes a Unix socket file left by a server that is gone; refuses to
-/// take over one that still accepts connections.
-fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                "another process is listening on this socket",
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    Ok(())
 }
 
 /// The service: models by name.

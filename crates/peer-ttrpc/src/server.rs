@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::TcpListener;
 use std::os::unix::io::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 use transport::Endpoint;
@@ -132,15 +132,7 @@ pub(crate) fn bind(endpoint: &Endpoint) -> Result<(Listening, String), PeerError
     };
     match endpoint {
         Endpoint::Unix(path) => {
-            if path.exists() {
-                if UnixStream::connect(path).is_ok() {
-                    return Err(err(io::Error::new(
-                        io::ErrorKind::AddrInUse,
-                        "another process is listening on this socket",
-                    )));
-                }
-                std::fs::remove_file(path).map_err(err)?;
-            }
+            transport::remove_stale_unix_socket(path).map_err(err)?;
             let listener = UnixListener::bind(path).map_err(err)?;
             Ok((
                 Listening::Unix(listener, path.clone()),

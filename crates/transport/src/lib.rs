@@ -20,5 +20,5 @@ mod stream;
 
 pub use endpoint::Endpoint;
 pub use error::{RecvError, TransportError};
-pub use listener::{connect, Listener, ListenerWaker};
+pub use listener::{connect, remove_stale_unix_socket, Listener, ListenerWaker};
 pub use stream::{StreamConn, StreamStats, StreamWriter, STAGING_LEN};

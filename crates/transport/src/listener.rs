@@ -40,6 +40,22 @@ impl ListenerWaker {
     }
 }
 
+/// Removes a Unix socket file left by a server that is gone, so a new one
+/// can bind there; refuses (`AddrInUse`) to take over a socket that still
+/// accepts connections. Nothing to do when `path` does not exist.
+pub fn remove_stale_unix_socket(path: &std::path::Path) -> io::Result<()> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "another process is listening on this socket",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    Ok(())
+}
+
 impl Listener {
     /// Binds and listens on a Unix or TCP endpoint.
     pub fn bind(ep: &Endpoint) -> Result<Listener, TransportError> {
@@ -50,15 +66,7 @@ impl Listener {
         };
         match ep {
             Endpoint::Unix(path) => {
-                if path.exists() {
-                    if UnixStream::connect(path).is_ok() {
-                        return Err(err(io::Error::new(
-                            io::ErrorKind::AddrInUse,
-                            "another process is listening on this socket",
-                        )));
-                    }
-                    std::fs::remove_file(path).map_err(err)?;
-                }
+                remove_stale_unix_socket(path).map_err(err)?;
                 let l = UnixListener::bind(path).map_err(err)?;
                 Ok(Listener {
                     kind: Kind::Unix(l, path.clone()),
