@@ -451,8 +451,8 @@ fn stages(rows: &[Row]) -> Option<Figure> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::tests::sample_row;
-    use crate::results::{MachineInfo, StageStat};
+    use crate::results::tests::{sample_results, sample_row};
+    use crate::results::StageStat;
 
     fn row(target: &str, framework: &str, transport: &str, clients: usize, p50: f64) -> Row {
         let mut r = sample_row(target, clients);
@@ -525,25 +525,6 @@ mod tests {
         rows
     }
 
-    fn results(rows: Vec<Row>) -> Results {
-        Results {
-            command: "tensorwire bench".into(),
-            commit: "abc".into(),
-            started_unix: 0,
-            elapsed_s: 1.0,
-            machine: MachineInfo {
-                cpu_model: "x".into(),
-                cpus: 2,
-                mem_kib: 1,
-                kernel: "k".into(),
-                hostname: "h".into(),
-            },
-            placement: "unpinned".into(),
-            quick: true,
-            rows,
-        }
-    }
-
     fn check_files(files: &[PathBuf]) {
         for f in files {
             let bytes = std::fs::read(f).expect("read figure");
@@ -571,7 +552,7 @@ mod tests {
     #[test]
     fn every_figure_is_written_as_svg_and_png() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = write_all(dir.path(), &results(synthetic())).expect("write");
+        let files = write_all(dir.path(), &sample_results(synthetic())).expect("write");
         let names: Vec<String> = files
             .iter()
             .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -609,7 +590,7 @@ mod tests {
             .collect();
         rows.append(&mut more);
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = write_all(dir.path(), &results(rows)).expect("write");
+        let files = write_all(dir.path(), &sample_results(rows)).expect("write");
         for name in [
             "latency_vs_clients_identity.svg",
             "latency_vs_clients_resnet50.png",
@@ -626,7 +607,7 @@ mod tests {
     #[test]
     fn figures_without_enough_points_are_skipped() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(write_all(dir.path(), &results(Vec::new()))
+        assert!(write_all(dir.path(), &sample_results(Vec::new()))
             .expect("no rows")
             .is_empty());
         assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
@@ -636,7 +617,7 @@ mod tests {
             row("tensorwire unix", "tensorwire", "unix", 1, 14.0),
             row("raw unix", "raw", "unix", 1, 9.0),
         ];
-        let files = write_all(dir.path(), &results(one)).expect("write");
+        let files = write_all(dir.path(), &sample_results(one)).expect("write");
         let names: Vec<String> = files
             .iter()
             .filter_map(|f| f.file_stem().map(|n| n.to_string_lossy().into_owned()))
@@ -649,7 +630,7 @@ mod tests {
     fn a_missing_directory_is_an_error() {
         let dir = tempfile::tempdir().expect("tempdir");
         let missing = dir.path().join("nope");
-        let e = write_all(&missing, &results(synthetic())).expect_err("missing dir");
+        let e = write_all(&missing, &sample_results(synthetic())).expect_err("missing dir");
         assert!(e.0.contains("nope"), "{e}");
     }
 }

@@ -522,8 +522,8 @@ fn write_figures(out: &mut String, dir: &Path, figures: &[PathBuf]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::tests::sample_row;
-    use crate::results::{MachineInfo, StageStat};
+    use crate::results::tests::{sample_results, sample_row};
+    use crate::results::StageStat;
 
     fn row(target: &str, framework: &str, transport: &str, p50: f64) -> Row {
         let mut r = sample_row(target, 1);
@@ -548,25 +548,6 @@ mod tests {
             row("grpc unix", "grpc", "unix", 150.0),
             row("tensorwire tcp", "tensorwire", "tcp", 30.0),
         ]
-    }
-
-    fn results(rows: Vec<Row>) -> Results {
-        Results {
-            command: "tensorwire bench --suite vaccel".into(),
-            commit: "abc123+dirty".into(),
-            started_unix: 1_700_000_000,
-            elapsed_s: 12.0,
-            machine: MachineInfo {
-                cpu_model: "Test CPU".into(),
-                cpus: 2,
-                mem_kib: 24 * 1024 * 1024,
-                kernel: "6.1.0".into(),
-                hostname: "h".into(),
-            },
-            placement: "unpinned".into(),
-            quick: true,
-            rows,
-        }
     }
 
     #[test]
@@ -653,7 +634,7 @@ mod tests {
         other.model = "resnet50".into();
         other.tensor_bytes = 602_112;
         rows.push(other);
-        let r = results(rows);
+        let r = sample_results(rows);
         let dir = tempfile::tempdir().expect("tempdir");
         let figs = vec![
             dir.path().join("knee.svg"),
@@ -688,7 +669,7 @@ mod tests {
     #[test]
     fn an_empty_run_still_gets_a_report() {
         let dir = tempfile::tempdir().expect("tempdir");
-        write_report(dir.path(), &results(Vec::new()), &[]).expect("write");
+        write_report(dir.path(), &sample_results(Vec::new()), &[]).expect("write");
         let text = std::fs::read_to_string(dir.path().join("report.md")).expect("read");
         assert!(text.contains("No rows were measured."));
         assert!(text.contains("No figures"));

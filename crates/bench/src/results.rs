@@ -287,24 +287,32 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn csv_has_a_header_and_a_line_per_row() {
-        let r = Results {
-            command: "tensorwire bench".into(),
-            commit: "abc".into(),
-            started_unix: 0,
-            elapsed_s: 1.0,
+    /// A whole run around `rows`, for tests of the writers.
+    pub(crate) fn sample_results(rows: Vec<Row>) -> Results {
+        Results {
+            command: "tensorwire bench --suite vaccel".into(),
+            commit: "abc123+dirty".into(),
+            started_unix: 1_700_000_000,
+            elapsed_s: 12.0,
             machine: MachineInfo {
-                cpu_model: "x".into(),
+                cpu_model: "Test CPU".into(),
                 cpus: 2,
-                mem_kib: 1,
-                kernel: "k".into(),
+                mem_kib: 24 * 1024 * 1024,
+                kernel: "6.1.0".into(),
                 hostname: "h".into(),
             },
             placement: "unpinned".into(),
             quick: true,
-            rows: vec![sample_row("tensorwire unix", 1), sample_row("a,\"b\"", 2)],
-        };
+            rows,
+        }
+    }
+
+    #[test]
+    fn csv_has_a_header_and_a_line_per_row() {
+        let r = sample_results(vec![
+            sample_row("tensorwire unix", 1),
+            sample_row("a,\"b\"", 2),
+        ]);
         let csv = r.to_csv();
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 3);
