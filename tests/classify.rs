@@ -205,6 +205,7 @@ fn compare_inproc_unix_tcp_bit_identical_to_local() {
             model_path: model.clone(),
             intra_threads: 2,
             serve_exe: tensorwire_bin(),
+            spin_us: None,
         },
         timelines: true,
     };

@@ -53,6 +53,7 @@ pub fn run(
             model_path: model.clone(),
             intra_threads: env.intra_threads,
             serve_exe: env.exe.clone(),
+            spin_us: env.spin.map(|d| d.as_micros() as u64),
         },
         timelines: env.stages,
     };

@@ -11,7 +11,7 @@ use crate::stats::spread;
 use crate::target::{BenchEnv, Framework, Net, RunningTarget};
 use crate::{raw, raw_shm, resources};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One repeat's figures.
 #[derive(Debug)]
@@ -147,6 +147,11 @@ fn raw_floor(
                         msg_len,
                         nodelay: target.spec.net != (Net::Tcp { nodelay: false }),
                         split_writes: false,
+                        spin: if target.spec.framework == Framework::RawSpin {
+                            crate::target::RAW_SPIN
+                        } else {
+                            Duration::ZERO
+                        },
                     },
                     Some(&cmd),
                 )?
@@ -297,5 +302,5 @@ pub fn aggregate(key: &RowKey, target: &RunningTarget, load: &Load, repeats: &[R
 /// Whether `framework` can run `load` (the raw floor has one client and
 /// no schedule).
 pub fn supports(framework: Framework, load: &Load) -> bool {
-    framework != Framework::Raw || matches!(load, Load::Closed { clients: 1 })
+    !framework.is_floor() || matches!(load, Load::Closed { clients: 1 })
 }

@@ -12,6 +12,12 @@
 //!   subcommand): listen, accept one connection, and echo fixed-size
 //!   messages until end of file.
 //!
+//! Waiting: by default each end blocks in `read`. With a spin budget both ends
+//! first poll with non-blocking `recv`s for up to that long
+//! ([`transport::spin::Spin`], the policy tensorwire's own receivers use,
+//! minus the per-connection gate), so this floor can be read against
+//! tensorwire's sockets whichever way both wait.
+//!
 //! For a fair comparison with tensorwire, whose agent is another process, the
 //! peer normally runs in a **separate process**; without a command it runs on
 //! a thread of the calling process (unit tests).
@@ -28,12 +34,18 @@
 use crate::child::{copy_command, describe, ChildPeer};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+use transport::spin::Spin;
+
+/// A spinning read checks the clock (and yields) every this many empty
+/// `recv`s, as tensorwire's socket reads do.
+const SPIN_POLLS_PER_CHECK: u32 = 8;
 
 /// How long any single step may wait: a read or write on the socket, the
 /// peer's wait for its connection, the parent's wait for the peer's address
@@ -102,6 +114,9 @@ pub struct RawOptions {
     /// `msg_len <= SPLIT_AT` the second write would be empty and is skipped,
     /// so the message goes as one write.
     pub split_writes: bool,
+    /// How long each end polls before it blocks in `read` (zero = block at
+    /// once); the echo peer gets the same budget.
+    pub spin: Duration,
 }
 
 /// How [`serve_raw_echo`] listens and echoes.
@@ -118,12 +133,14 @@ pub struct EchoOptions {
     pub nodelay: bool,
     /// Write each reply as two writes ([`SPLIT_AT`] bytes, then the rest).
     pub split_writes: bool,
+    /// How long a read polls before it blocks (zero = block at once).
+    pub spin: Duration,
 }
 
 /// The arguments that follow `tensorwire raw-echo` to start a peer for `opts`
 /// listening on `addr`:
 /// `--unix PATH | --tcp ADDR`, `--len N`, then `--nodelay=0` (TCP with
-/// `nodelay` off only) and `--split-writes` when set.
+/// `nodelay` off only), `--split-writes` and `--spin-us N` when set.
 ///
 /// [`run_raw_ping`] appends these to the command it is given, so that command
 /// should be the program and the subcommand name only, e.g.
@@ -143,6 +160,10 @@ pub fn echo_args(opts: &RawOptions, addr: &str) -> Vec<String> {
     }
     if opts.split_writes {
         args.push("--split-writes".to_string());
+    }
+    if !opts.spin.is_zero() {
+        args.push("--spin-us".to_string());
+        args.push(opts.spin.as_micros().to_string());
     }
     args
 }
@@ -169,9 +190,12 @@ pub fn serve_raw_echo(opts: &EchoOptions) -> io::Result<()> {
     drop(out);
     echo_on(
         listener,
-        opts.len,
-        opts.nodelay,
-        opts.split_writes,
+        EchoLoop {
+            len: opts.len,
+            nodelay: opts.nodelay,
+            split: opts.split_writes,
+            spin: opts.spin,
+        },
         IO_TIMEOUT,
     )
 }
@@ -248,10 +272,15 @@ fn run_with_timeout(
         }
         None => {
             let (listener, bound) = bind(opts.kind, &listen_addr)?;
-            let (len, nodelay, split) = (opts.msg_len, opts.nodelay, opts.split_writes);
+            let how = EchoLoop {
+                len: opts.msg_len,
+                nodelay: opts.nodelay,
+                split: opts.split_writes,
+                spin: opts.spin,
+            };
             let echo = thread::Builder::new()
                 .name("raw-echo".into())
-                .spawn(move || echo_on(listener, len, nodelay, split, timeout))?;
+                .spawn(move || echo_on(listener, how, timeout))?;
             // On an error the thread is left to end by itself: it sees end of
             // file once our socket is dropped, or gives up waiting for a
             // connection after `timeout`.
@@ -379,15 +408,18 @@ fn accept_within<S>(
     }
 }
 
-/// Accepts one connection on `listener` and echoes `len`-byte messages on it
-/// until end of file.
-fn echo_on(
-    listener: Listener,
+/// How the echo side of one connection behaves.
+#[derive(Clone, Copy, Debug)]
+struct EchoLoop {
     len: usize,
     nodelay: bool,
     split: bool,
-    timeout: Duration,
-) -> io::Result<()> {
+    spin: Duration,
+}
+
+/// Accepts one connection on `listener` and echoes `how.len`-byte messages
+/// on it until end of file.
+fn echo_on(listener: Listener, how: EchoLoop, timeout: Duration) -> io::Result<()> {
     match listener {
         Listener::Unix(l) => {
             l.set_nonblocking(true)?;
@@ -395,16 +427,16 @@ fn echo_on(
             s.set_nonblocking(false)?;
             s.set_read_timeout(Some(timeout))?;
             s.set_write_timeout(Some(timeout))?;
-            echo_loop(&mut s, len, split)
+            echo_loop(&mut s, how)
         }
         Listener::Tcp(l) => {
             l.set_nonblocking(true)?;
             let mut s = accept_within(timeout, || l.accept().map(|(s, _)| s))?;
             s.set_nonblocking(false)?;
-            s.set_nodelay(nodelay)?;
+            s.set_nodelay(how.nodelay)?;
             s.set_read_timeout(Some(timeout))?;
             s.set_write_timeout(Some(timeout))?;
-            echo_loop(&mut s, len, split)
+            echo_loop(&mut s, how)
         }
     }
 }
@@ -412,20 +444,20 @@ fn echo_on(
 /// Reads a message and writes it back, until end of file between messages.
 /// Each pass waits for the client (bounded by the socket's read timeout), so
 /// the loop runs as many times as the client sends messages.
-fn echo_loop<S: Read + Write>(s: &mut S, len: usize, split: bool) -> io::Result<()> {
-    let mut buf = vec![0u8; len];
-    while read_message(s, &mut buf).map_err(|e| context(e, "echo read"))? {
-        send(s, &buf, split).map_err(|e| context(e, "echo write"))?;
+fn echo_loop<S: Read + Write + AsFd>(s: &mut S, how: EchoLoop) -> io::Result<()> {
+    let mut buf = vec![0u8; how.len];
+    while read_message(s, &mut buf, how.spin).map_err(|e| context(e, "echo read"))? {
+        send(s, &buf, how.split).map_err(|e| context(e, "echo write"))?;
     }
     Ok(())
 }
 
 /// Fills `buf` from `s`. `Ok(false)` on end of file before the first byte;
 /// `UnexpectedEof` on end of file inside the message.
-fn read_message<S: Read>(s: &mut S, buf: &mut [u8]) -> io::Result<bool> {
+fn read_message<S: Read + AsFd>(s: &mut S, buf: &mut [u8], spin: Duration) -> io::Result<bool> {
     let mut got = 0;
     while got < buf.len() {
-        match s.read(&mut buf[got..]) {
+        match read_some(s, &mut buf[got..], spin) {
             Ok(0) if got == 0 => return Ok(false),
             Ok(0) => {
                 return Err(io::Error::new(
@@ -442,6 +474,27 @@ fn read_message<S: Read>(s: &mut S, buf: &mut [u8]) -> io::Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// One read: polls with non-blocking `recv`s for up to `spin` first, then
+/// blocks in `read` (bounded by the socket's read timeout).
+fn read_some<S: Read + AsFd>(s: &mut S, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
+    let mut wait = Spin::new(spin, SPIN_POLLS_PER_CHECK);
+    if !spin.is_zero() {
+        loop {
+            match rustix::net::recv(s.as_fd(), &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((n, _)) => return Ok(n),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) => {
+                    if !wait.again() {
+                        break;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    s.read(buf)
 }
 
 /// Writes `msg` as one write, or as [`SPLIT_AT`] bytes then the rest.
@@ -484,7 +537,7 @@ fn connect_and_ping(
 }
 
 /// `total` timed round trips; keeps the times of those after the warm-up.
-fn ping_loop<S: Read + Write>(
+fn ping_loop<S: Read + Write + AsFd>(
     s: &mut S,
     opts: &RawOptions,
     total: usize,
@@ -500,7 +553,7 @@ fn ping_loop<S: Read + Write>(
 
         let t0 = Instant::now();
         send(s, &out, opts.split_writes).map_err(|e| context(e, "write"))?;
-        match read_message(s, &mut back) {
+        match read_message(s, &mut back, opts.spin) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(io::Error::new(
@@ -585,6 +638,16 @@ mod tests {
             msg_len: 96,
             nodelay: true,
             split_writes: false,
+            spin: Duration::ZERO,
+        }
+    }
+
+    fn echo(len: usize, split: bool) -> EchoLoop {
+        EchoLoop {
+            len,
+            nodelay: true,
+            split,
+            spin: Duration::ZERO,
         }
     }
 
@@ -593,6 +656,21 @@ mod tests {
         let s = run_raw_ping(&opts(RawKind::Unix), None).unwrap();
         assert_eq!(s.len(), 50);
         assert!(s.iter().all(|&ns| ns > 0));
+    }
+
+    #[test]
+    fn spinning_ends_both_ways_in_thread() {
+        for kind in [RawKind::Unix, RawKind::Tcp] {
+            for msg_len in [8, 300_000] {
+                let o = RawOptions {
+                    msg_len,
+                    spin: Duration::from_micros(200),
+                    ..opts(kind)
+                };
+                let s = run_raw_ping(&o, None).unwrap();
+                assert_eq!(s.len(), 50, "{kind} {msg_len}");
+            }
+        }
     }
 
     #[test]
@@ -667,7 +745,7 @@ mod tests {
     fn echo_returns_what_was_sent() {
         for split in [false, true] {
             let (l, addr) = bind(RawKind::Tcp, "127.0.0.1:0").unwrap();
-            let echo = thread::spawn(move || echo_on(l, 100, true, split, IO_TIMEOUT));
+            let echo = thread::spawn(move || echo_on(l, echo(100, split), IO_TIMEOUT));
             let mut s = TcpStream::connect(&addr).unwrap();
             s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
             for round in 0..5u8 {
@@ -687,7 +765,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = path_str(&dir.path().join("e.sock")).unwrap();
         let (l, _) = bind(RawKind::Unix, &path).unwrap();
-        let echo = thread::spawn(move || echo_on(l, 10, true, false, IO_TIMEOUT));
+        let echo = thread::spawn(move || echo_on(l, echo(10, false), IO_TIMEOUT));
         let mut s = UnixStream::connect(&path).unwrap();
         s.write_all(&[1, 2, 3]).unwrap();
         drop(s);
@@ -699,7 +777,7 @@ mod tests {
     fn echo_gives_up_without_a_client() {
         let (l, _) = bind(RawKind::Tcp, "127.0.0.1:0").unwrap();
         let t0 = Instant::now();
-        let e = echo_on(l, 10, true, false, Duration::from_millis(100)).unwrap_err();
+        let e = echo_on(l, echo(10, false), Duration::from_millis(100)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert!(t0.elapsed() < Duration::from_secs(5));
     }
@@ -717,6 +795,7 @@ mod tests {
         let o = RawOptions {
             nodelay: false,
             split_writes: true,
+            spin: Duration::from_micros(50),
             ..opts(RawKind::Tcp)
         };
         assert_eq!(
@@ -727,7 +806,9 @@ mod tests {
                 "--len",
                 "96",
                 "--nodelay=0",
-                "--split-writes"
+                "--split-writes",
+                "--spin-us",
+                "50"
             ]
         );
         assert_eq!(

@@ -6,7 +6,8 @@
 //!
 //! The named suites regenerate one published experiment each:
 //!
-//! - [`vaccel`]: the empty-RPC round trip, tensorwire against the raw floor,
+//! - [`vaccel`]: the empty-RPC round trip, tensorwire against the raw floors
+//!   (blocking and polling),
 //!   ttrpc and gRPC over unix/tcp/tcp-nagle, plus the tweet classifier table
 //!   (vAccel's setting);
 //! - [`breakdown`]: identity 588 KiB, MobileNetV2, ResNet-50 and MiniLM over
@@ -322,7 +323,12 @@ const ALL_NETS: [Net; 6] = [
 /// vAccel's experiment: the empty RPC over every transport against the raw
 /// floor and the peers, then the classifier table.
 pub fn vaccel(quick: bool) -> Plan {
-    let peers = [Framework::Raw, Framework::Ttrpc, Framework::Grpc];
+    let peers = [
+        Framework::Raw,
+        Framework::RawSpin,
+        Framework::Ttrpc,
+        Framework::Grpc,
+    ];
     Plan {
         suite: "vaccel".into(),
         pin_by_default: true,
@@ -353,6 +359,7 @@ pub fn breakdown(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             name: name.into(),
             path: built_model(root, file)?,
             dyn_dim,
+            files: Vec::new(),
         })
     };
     let mut workloads = vec![
@@ -411,6 +418,7 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             name: "mobilenetv2".into(),
             path: built_model(root, "mobilenetv2.onnx")?,
             dyn_dim: 1,
+            files: Vec::new(),
         });
     }
     let nets: Vec<Net> = if quick {

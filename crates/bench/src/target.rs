@@ -9,6 +9,9 @@
 //!   transport — the in-process baseline the RPC tax is measured against;
 //! - `raw`: the floor, a bare socket or shared-page ping-pong with no
 //!   framework (one client; measured by [`crate::raw`] / [`crate::raw_shm`]);
+//!   `raw-spin`: the same socket floor with both ends polling before they
+//!   block, as tensorwire's socket reads do (the shared-page floor always
+//!   polls);
 //! - `grpc`, `ttrpc`: the peers, a `tensorwire peer-serve` child process
 //!   serving the *same* engine and model over tonic (KServe v2 `ModelInfer`)
 //!   or ttrpc, so only the RPC path differs.
@@ -25,6 +28,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long each end of the `raw-spin` floor polls before it blocks: the
+/// client's default budget (`client::ClientOptions::spin`).
+pub const RAW_SPIN: Duration = transport::shm::WaitPolicy::CLIENT.spin;
+
 /// The framework a target runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Framework {
@@ -34,6 +41,8 @@ pub enum Framework {
     Local,
     /// A bare socket / shared page with no framework: the floor.
     Raw,
+    /// A bare socket whose ends poll ([`RAW_SPIN`]) before they block.
+    RawSpin,
     /// tonic gRPC, KServe v2 `ModelInfer`.
     Grpc,
     /// ttrpc-rust.
@@ -47,19 +56,26 @@ impl Framework {
             Framework::Tensorwire => "tensorwire",
             Framework::Local => "local",
             Framework::Raw => "raw",
+            Framework::RawSpin => "raw-spin",
             Framework::Grpc => "grpc",
             Framework::Ttrpc => "ttrpc",
         }
+    }
+
+    /// True for the floors (`raw`, `raw-spin`), measured by their own loop.
+    pub const fn is_floor(self) -> bool {
+        matches!(self, Framework::Raw | Framework::RawSpin)
     }
 
     /// Parses a `--peers` entry.
     pub fn parse_peer(s: &str) -> Result<Framework, BenchError> {
         match s.trim() {
             "raw" => Ok(Framework::Raw),
+            "raw-spin" => Ok(Framework::RawSpin),
             "grpc" => Ok(Framework::Grpc),
             "ttrpc" => Ok(Framework::Ttrpc),
             other => Err(BenchError::new(format!(
-                "--peers: unknown peer '{other}' (available: raw, grpc, ttrpc)"
+                "--peers: unknown peer '{other}' (available: raw, raw-spin, grpc, ttrpc)"
             ))),
         }
     }
@@ -167,8 +183,8 @@ pub fn parse_transports(list: &str) -> Result<Vec<Net>, BenchError> {
 
 /// The targets for `transports` × (tensorwire + `peers`): tensorwire (or the
 /// local baseline for `local`) on every transport, and each peer on the
-/// transports it has (raw: unix, tcp, tcp?nodelay=0, shm; grpc and ttrpc:
-/// unix, tcp, tcp?nodelay=0).
+/// transports it has (raw: unix, tcp, tcp?nodelay=0, shm; raw-spin, grpc
+/// and ttrpc: unix, tcp, tcp?nodelay=0).
 pub fn targets(transports: &[Net], peers: &[Framework]) -> Vec<TargetSpec> {
     let mut out = Vec::new();
     for &net in transports {
@@ -181,7 +197,9 @@ pub fn targets(transports: &[Net], peers: &[Framework]) -> Vec<TargetSpec> {
         for &p in peers {
             let has = match p {
                 Framework::Raw => matches!(net, Net::Unix | Net::Tcp { .. } | Net::Shm),
-                Framework::Grpc | Framework::Ttrpc => matches!(net, Net::Unix | Net::Tcp { .. }),
+                Framework::RawSpin | Framework::Grpc | Framework::Ttrpc => {
+                    matches!(net, Net::Unix | Net::Tcp { .. })
+                }
                 Framework::Tensorwire | Framework::Local => false,
             };
             if has {
@@ -206,6 +224,9 @@ pub struct BenchEnv {
     /// Pin client threads and server processes ([`Placement`]), or leave
     /// them to the scheduler.
     pub placement: Option<Placement>,
+    /// How long tensorwire's clients and the agents the bench starts poll
+    /// before they block (`None` = their defaults; zero = block at once).
+    pub spin: Option<Duration>,
 }
 
 /// A server process (agent or peer) a target runs, or none.
@@ -303,7 +324,7 @@ fn start_unpinned(
                 server: Server::None,
             })
         }
-        Framework::Raw => {
+        Framework::Raw | Framework::RawSpin => {
             let backend = workload
                 .load_backend(env.intra_threads)
                 .map_err(|e| err(e.0))?;
@@ -325,6 +346,7 @@ fn agent_spec(workload: &Workload, env: &BenchEnv) -> AgentSpec {
         model_path: workload.model_path().map(PathBuf::from).unwrap_or_default(),
         intra_threads: env.intra_threads,
         serve_exe: env.exe.clone(),
+        spin_us: env.spin.map(|d| d.as_micros() as u64),
     }
 }
 
@@ -354,10 +376,13 @@ fn start_tensorwire(
             (agent.uri().to_string(), Server::Agent(agent))
         }
     };
-    let opts = client::ClientOptions {
+    let mut opts = client::ClientOptions {
         want_timeline: env.stages,
         ..client::ClientOptions::default()
     };
+    if let Some(spin) = env.spin {
+        opts.spin = spin;
+    }
     // Probe once so a wrong URI or model fails here, not in every client.
     let probe = TensorwireCaller::connect(&uri, workload, opts.clone())?;
     let tensor_bytes = crate::workload::tensor_bytes(&probe.inputs);

@@ -58,6 +58,9 @@ pub struct AgentSpec {
     pub intra_threads: usize,
     /// The `tensorwire` binary whose `serve` runs child agents.
     pub serve_exe: PathBuf,
+    /// The agent's poll budget in µs for socket and shared-memory sessions
+    /// (`serve --socket-spin-us --shm-spin-us`); `None` = its defaults.
+    pub spin_us: Option<u64>,
 }
 
 /// An agent running for one configuration.
@@ -158,7 +161,8 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     /// Runs `SPEC.serve_exe serve --model NAME=PATH --listen URI
-    /// --intra-threads N` for `transport` (Unix or TCP), and waits (at most
+    /// --intra-threads N [--socket-spin-us US --shm-spin-us US]` for
+    /// `transport` (Unix, TCP or shared memory), and waits (at most
     /// [`START_TIMEOUT`]) until it prints `listening on URI`.
     pub fn serve(
         config: &str,
@@ -185,7 +189,7 @@ impl AgentProcess {
         };
         let mut model = OsString::from(format!("{}=", spec.model_name));
         model.push(spec.model_path.as_os_str());
-        let args: Vec<OsString> = vec![
+        let mut args: Vec<OsString> = vec![
             "serve".into(),
             "--model".into(),
             model,
@@ -194,6 +198,12 @@ impl AgentProcess {
             "--intra-threads".into(),
             spec.intra_threads.to_string().into(),
         ];
+        if let Some(us) = spec.spin_us {
+            for flag in ["--socket-spin-us", "--shm-spin-us"] {
+                args.push(flag.into());
+                args.push(us.to_string().into());
+            }
+        }
         AgentProcess::spawn(config, &spec.serve_exe, &args, dir, START_TIMEOUT)
     }
 

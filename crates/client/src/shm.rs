@@ -652,6 +652,7 @@ impl ShmLink {
         &self,
         id: u64,
         timeout: Duration,
+        spin: Duration,
         recv_limits: &Limits,
     ) -> Result<(Header, Vec<u8>), ClientError> {
         // The first pass reads no clock: a response that comes while this
@@ -699,7 +700,10 @@ impl ShmLink {
                     slice: SLEEP_CHUNK,
                 }
             } else {
-                WaitPolicy::CLIENT
+                WaitPolicy {
+                    spin,
+                    slice: WaitPolicy::CLIENT.slice,
+                }
             };
             let limit = limit.unwrap_or_else(|| timeout.min(policy.spin + SLEEP_CHUNK));
             spun = true;

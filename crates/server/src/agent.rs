@@ -163,6 +163,7 @@ impl Agent {
             })?;
             let (core, conns) = (core.clone(), conns.clone());
             let (max, stall) = (cfg.max_connections, cfg.stall_timeout);
+            let socket_spin = Duration::from_micros(cfg.socket_spin_us);
             let shm = matches!(l.endpoint(), Endpoint::Shm(_)).then(|| ShmSettings {
                 sizes: cfg.shm_sizes(),
                 spin: Duration::from_micros(cfg.shm_spin_us),
@@ -172,7 +173,7 @@ impl Agent {
             let handle = std::thread::Builder::new()
                 .name(name)
                 .spawn(move || match shm {
-                    None => accept_loop(l, core, conns, max, stall),
+                    None => accept_loop(l, core, conns, max, stall, socket_spin),
                     Some(shm) => accept_shm_loop(l, core, conns, max, shm),
                 })
                 .map_err(|e| AgentError::Inproc(format!("cannot spawn accept thread: {e}")))?;
@@ -272,9 +273,10 @@ fn accept_loop(
     conns: Arc<ConnTable>,
     max: usize,
     stall: Duration,
+    spin: Duration,
 ) {
     loop {
-        let conn = match l.accept() {
+        let mut conn = match l.accept() {
             Ok(c) => c,
             Err(e) if accept_failed(&l, &core, &e) => break,
             Err(_) => continue,
@@ -284,6 +286,7 @@ fn accept_loop(
         }
         let _ = conn.set_read_timeout(Some(stall));
         let _ = conn.set_write_timeout(Some(stall));
+        conn.set_spin(spin);
         let writer = match conn.writer() {
             Ok(w) => w,
             Err(_) => continue,

@@ -19,6 +19,9 @@
 //! max_total_payload = 2147483648  # agent-wide: request payload bytes held at once
 //! stall_timeout_ms = 30000 # a peer silent this long mid-message is dropped
 //!
+//! [socket]                 # unix:// and tcp:// sessions; defaults shown
+//! spin_us = 50             # a session thread polls this long before blocking
+//!
 //! [shm]                    # shared-memory sessions (shm://name); defaults shown
 //! spin_us = 50             # a session thread spins this long before sleeping
 //! client_bytes = 268435456 # each session's input region (virtual until touched)
@@ -34,10 +37,9 @@ use transport::shm::ShmSizes;
 use transport::Endpoint;
 use wire::Limits;
 
-/// Longest spin budget a shared-memory session may be given (10 ms): a
-/// session thread that spins longer mostly burns a core another thread
-/// (an engine's) could use.
-pub const MAX_SHM_SPIN_US: u64 = 10_000;
+/// Longest spin budget a session thread may be given (10 ms): one that
+/// spins longer mostly burns a core another thread (an engine's) could use.
+pub const MAX_SPIN_US: u64 = 10_000;
 
 /// A configuration that cannot be used.
 #[derive(Debug, Error)]
@@ -108,6 +110,12 @@ struct LimitsFile {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct SocketFile {
+    spin_us: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ShmFile {
     spin_us: Option<u64>,
     client_bytes: Option<usize>,
@@ -126,6 +134,8 @@ struct ConfigFile {
     inter_threads: Option<usize>,
     #[serde(default)]
     limits: LimitsFile,
+    #[serde(default)]
+    socket: SocketFile,
     #[serde(default)]
     shm: ShmFile,
 }
@@ -153,6 +163,13 @@ pub struct AgentConfig {
     /// long a shared-memory session waits for room in a response ring its
     /// client does not drain).
     pub stall_timeout: Duration,
+    /// Socket sessions: how long (µs) a session thread, having answered,
+    /// polls its socket for the next request before it blocks in `recv`
+    /// (0 = block at once; see `transport::spin`). Polling answers a client
+    /// that sends again within the budget without a wake-up (tens of µs on
+    /// a virtual machine) but burns that core meanwhile; a connection whose
+    /// requests keep arriving after the budget stops polling by itself.
+    pub socket_spin_us: u64,
     /// Shared-memory sessions: how long (µs) a session thread spins on its
     /// request ring before it sleeps on the arena's futex (0 = sleep at
     /// once). Spinning answers a client that sends again within the budget
@@ -179,6 +196,7 @@ impl Default for AgentConfig {
             max_connections: 1024,
             max_total_payload: 2 << 30,
             stall_timeout: Duration::from_secs(30),
+            socket_spin_us: 50,
             shm_spin_us: 50,
             shm_client_bytes: ShmSizes::default().client_len,
             shm_agent_bytes: ShmSizes::default().agent_len,
@@ -240,6 +258,7 @@ impl AgentConfig {
         if let Some(ms) = l.stall_timeout_ms {
             cfg.stall_timeout = Duration::from_millis(ms);
         }
+        cfg.socket_spin_us = f.socket.spin_us.unwrap_or(cfg.socket_spin_us);
         let m = &f.shm;
         cfg.shm_spin_us = m.spin_us.unwrap_or(cfg.shm_spin_us);
         cfg.shm_client_bytes = m.client_bytes.unwrap_or(cfg.shm_client_bytes);
@@ -303,9 +322,15 @@ impl AgentConfig {
         if self.stall_timeout.is_zero() {
             return bad("stall_timeout_ms must be positive".into());
         }
-        if self.shm_spin_us > MAX_SHM_SPIN_US {
+        if self.socket_spin_us > MAX_SPIN_US {
             return bad(format!(
-                "shm spin_us must be 0..={MAX_SHM_SPIN_US}, not {}",
+                "socket spin_us must be 0..={MAX_SPIN_US}, not {}",
+                self.socket_spin_us
+            ));
+        }
+        if self.shm_spin_us > MAX_SPIN_US {
+            return bad(format!(
+                "shm spin_us must be 0..={MAX_SPIN_US}, not {}",
                 self.shm_spin_us
             ));
         }
@@ -421,6 +446,10 @@ mod tests {
         );
         cfg.validate().unwrap();
         assert!(AgentConfig::from_toml("[shm]\nspin = 1").is_err());
+        assert_eq!(AgentConfig::default().socket_spin_us, 50);
+        let cfg = AgentConfig::from_toml("[socket]\nspin_us = 0\n").unwrap();
+        assert_eq!(cfg.socket_spin_us, 0);
+        assert!(AgentConfig::from_toml("[socket]\nspin = 1").is_err());
         for bad in [
             AgentConfig {
                 shm_ring_slots: 12,
@@ -431,7 +460,11 @@ mod tests {
                 ..AgentConfig::default()
             },
             AgentConfig {
-                shm_spin_us: MAX_SHM_SPIN_US + 1,
+                shm_spin_us: MAX_SPIN_US + 1,
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                socket_spin_us: MAX_SPIN_US + 1,
                 ..AgentConfig::default()
             },
             AgentConfig {

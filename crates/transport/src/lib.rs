@@ -9,13 +9,15 @@
 //! as header → limits check → descriptor section → payload read straight into
 //! a destination the receiver chose. [`Listener`] accepts such connections.
 //! The [`inproc`] transport hands messages to a service in the same process
-//! by function call: no bytes move at all.
+//! by function call: no bytes move at all. Every receiver waits the same
+//! way, [`spin`]: a bounded busy-wait before it blocks.
 
 mod endpoint;
 mod error;
 pub mod inproc;
 mod listener;
 pub mod shm;
+pub mod spin;
 mod stream;
 
 pub use endpoint::Endpoint;

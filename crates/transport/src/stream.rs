@@ -16,15 +16,24 @@
 //! is what lets a small message cost a single `read` syscall.
 //! [`StreamStats::staged_payload_bytes`] counts them.
 //!
+//! Waiting: with a spin budget ([`StreamConn::set_spin`]), a read that finds
+//! nothing polls the socket with non-blocking `recv`s for up to that budget
+//! before it blocks ([`crate::spin`]), so a message that follows quickly
+//! costs the receiver no wake-up; a [`SpinGate`] stops spinning on a
+//! connection whose messages keep coming only after the budget.
+//! [`StreamStats::spins_caught`] and [`StreamStats::spins_missed`] count how
+//! the spins ended.
+//!
 //! Timeouts: the socket's read timeout bounds how long a read waits. Timing
 //! out *between* messages is harmless ([`RecvError::TimedOut`], still in
 //! sync); timing out *inside* a message means the peer stalled and the
 //! connection is done.
 
 use crate::error::RecvError;
+use crate::spin::{Spin, SpinGate};
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
-use rustix::net::{sendmsg, SendAncillaryBuffer, SendFlags};
+use rustix::net::{recv, sendmsg, RecvFlags, SendAncillaryBuffer, SendFlags};
 use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -38,6 +47,10 @@ pub const STAGING_LEN: usize = 8192;
 
 static ZEROS: [u8; 64] = [0; 64];
 
+/// A spinning reader reads the clock and yields every this many empty
+/// `recv`s (each is a system call of a few hundred nanoseconds).
+const SOCKET_POLLS_PER_CHECK: u32 = 8;
+
 /// Counters a connection keeps about what it received.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StreamStats {
@@ -49,6 +62,10 @@ pub struct StreamStats {
     pub staged_payload_bytes: u64,
     /// Payload bytes read by the kernel straight into their destination.
     pub direct_payload_bytes: u64,
+    /// Reads whose bytes arrived while the reader was spinning.
+    pub spins_caught: u64,
+    /// Reads that spun for their whole budget and then blocked.
+    pub spins_missed: u64,
 }
 
 #[derive(Debug)]
@@ -70,6 +87,45 @@ impl Sock {
             Sock::Unix(s) => s.read(buf),
             Sock::Tcp(s) => s.read(buf),
         }
+    }
+
+    /// Reads what is there, spinning first if `gate` grants a budget (see
+    /// the module docs), then blocking as [`Sock::read`] does.
+    fn read_waiting(
+        &mut self,
+        buf: &mut [u8],
+        gate: &mut SpinGate,
+        stats: &mut StreamStats,
+    ) -> io::Result<usize> {
+        if gate.budget().is_zero() || buf.is_empty() {
+            return self.read(buf);
+        }
+        let mut spin: Option<Spin> = None;
+        loop {
+            match recv(self.fd(), &mut *buf, RecvFlags::DONTWAIT) {
+                Ok((n, _)) => {
+                    if spin.is_some() {
+                        stats.spins_caught += 1;
+                        gate.record(true);
+                    }
+                    return Ok(n);
+                }
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => {
+                    let s =
+                        spin.get_or_insert_with(|| Spin::new(gate.grant(), SOCKET_POLLS_PER_CHECK));
+                    if !s.again() {
+                        break;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if spin.is_some_and(|s| !s.granted().is_zero()) {
+            stats.spins_missed += 1;
+            gate.record(false);
+        }
+        self.read(buf)
     }
 
     fn try_clone(&self) -> io::Result<Sock> {
@@ -98,6 +154,7 @@ pub struct StreamConn {
     start: usize,
     end: usize,
     stats: StreamStats,
+    gate: SpinGate,
     peer: String,
 }
 
@@ -115,6 +172,7 @@ impl StreamConn {
             start: 0,
             end: 0,
             stats: StreamStats::default(),
+            gate: SpinGate::new(Duration::ZERO),
             peer,
         }
     }
@@ -141,6 +199,12 @@ impl StreamConn {
     /// What this connection has received so far.
     pub fn stats(&self) -> StreamStats {
         self.stats
+    }
+
+    /// Lets a read that finds nothing spin for up to `budget` before it
+    /// blocks (zero, the default, blocks at once). See the module docs.
+    pub fn set_spin(&mut self, budget: Duration) {
+        self.gate = SpinGate::new(budget);
     }
 
     /// Bounds how long one read may wait (`None` = forever).
@@ -206,7 +270,10 @@ impl StreamConn {
         self.stats.staged_payload_bytes += staged as u64;
         let mut pos = staged;
         while pos < dest.len() {
-            match self.sock.read(&mut dest[pos..]) {
+            match self
+                .sock
+                .read_waiting(&mut dest[pos..], &mut self.gate, &mut self.stats)
+            {
                 Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
                 Ok(n) => pos += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -255,7 +322,11 @@ impl StreamConn {
         }
         while self.end - self.start < n {
             let empty = at_boundary && self.start == self.end;
-            match self.sock.read(&mut self.staging[self.end..]) {
+            match self.sock.read_waiting(
+                &mut self.staging[self.end..],
+                &mut self.gate,
+                &mut self.stats,
+            ) {
                 Ok(0) if empty => return Err(RecvError::Closed),
                 Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
                 Ok(k) => self.end += k,
@@ -523,6 +594,50 @@ mod tests {
         ));
         a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
         assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
+    }
+
+    #[test]
+    fn a_spinning_read_catches_a_quick_message() {
+        let (a, mut b) = pair();
+        b.set_spin(Duration::from_millis(500));
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2));
+            a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
+            a
+        });
+        assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
+        t.join().unwrap();
+        assert_eq!(b.stats().spins_caught, 1);
+        assert_eq!(b.stats().spins_missed, 0);
+    }
+
+    #[test]
+    fn slow_traffic_closes_the_spin_gate() {
+        use crate::spin::SpinGate;
+        let (a, mut b) = pair();
+        b.set_spin(Duration::from_micros(200));
+        let (ack, acked) = std::sync::mpsc::channel::<()>();
+        let n = 20;
+        let t = std::thread::spawn(move || {
+            for _ in 0..n {
+                // Each message comes well after the reader's spin budget.
+                std::thread::sleep(Duration::from_millis(5));
+                a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
+                acked.recv().unwrap();
+            }
+        });
+        for _ in 0..n {
+            assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
+            ack.send(()).unwrap();
+        }
+        t.join().unwrap();
+        let s = b.stats();
+        assert_eq!(s.spins_caught, 0);
+        // Without the gate every one of the 20 reads would spin and miss.
+        assert!(
+            (1..=u64::from(SpinGate::MISS_LIMIT) + 1).contains(&s.spins_missed),
+            "{s:?}"
+        );
     }
 
     #[test]

@@ -31,15 +31,26 @@ pub struct Args {
     #[arg(long, default_value = "0")]
     size: String,
     /// The value of dynamic dimensions other than the batch (e.g. sequence
-    /// length) for ONNX models' generated inputs.
+    /// length) for ONNX models' generated inputs. Unused with --input: the
+    /// files decide the shapes.
     #[arg(long, default_value_t = 1)]
     dyn_dim: u64,
+    /// Send an input read from a .npy file instead of generated ones,
+    /// NAME=FILE.npy (repeatable; the same syntax as `tensorwire infer
+    /// --input`, names as the model declares them). Only with --model
+    /// PATH.onnx. Once one is given every input of the model needs one; the
+    /// files decide the shapes (so --dyn-dim does not apply): dtype and
+    /// number of dimensions must match the model, fixed dimensions too,
+    /// dynamic ones take any size. Checked before anything is measured.
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
     /// Transports to start an agent on: local (engine called directly, no
     /// transport), inproc, shm, unix, tcp, tcp?nodelay=0.
     #[arg(long, default_value = "local,inproc,shm,unix,tcp")]
     transports: String,
     /// Baselines measured in the same run: raw (bare socket / shared-page
-    /// floor), grpc (tonic, KServe v2), ttrpc.
+    /// floor), raw-spin (the socket floor with both ends polling before
+    /// they block, as tensorwire's do), grpc (tonic, KServe v2), ttrpc.
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
     /// Measure an agent that is already running instead (no agent started;
@@ -81,6 +92,11 @@ pub struct Args {
     /// Do not ask agents for timelines (no stage breakdown).
     #[arg(long)]
     no_stages: bool,
+    /// Microseconds tensorwire's clients, and the agents the bench starts,
+    /// poll before they block (0 = block at once, as the peers do).
+    /// Default: tensorwire's (client 200, agent 50).
+    #[arg(long, value_name = "US")]
+    spin_us: Option<u64>,
     /// Placement: `cross` pins client threads to one CPU and every server
     /// process (agent, peer, raw echo) to another; `same` puts them all on
     /// one CPU; `none` leaves it to the scheduler. Default: cross for the
@@ -101,6 +117,11 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     let t0 = Instant::now();
     let root = classifier::paths::repo_root();
     let plan = match &a.suite {
+        Some(_) if !a.inputs.is_empty() => {
+            return Err(
+                "--input applies to a run of one --model PATH.onnx, not to a --suite".into(),
+            )
+        }
         Some(name) => suite::suite(name, &root, a.quick)?,
         None => custom_plan(&a)?,
     };
@@ -114,6 +135,17 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         intra_threads: a.intra_threads,
         stages: !a.no_stages,
         placement,
+        spin: match a.spin_us {
+            Some(us) if us > server::config::MAX_SPIN_US => {
+                return Err(format!(
+                    "--spin-us must be 0..={}, not {us}",
+                    server::config::MAX_SPIN_US
+                )
+                .into())
+            }
+            Some(us) => Some(std::time::Duration::from_micros(us)),
+            None => None,
+        },
     };
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -162,6 +194,13 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
         return Err("--connections must be 1 to 1024".into());
     }
     let workloads: Vec<Workload> = if a.model == "identity" {
+        if !a.inputs.is_empty() {
+            return Err(
+                "--input needs an ONNX model (--model PATH.onnx or NAME=PATH.onnx); \
+                 the identity model takes generated tensors sized by --size"
+                    .into(),
+            );
+        }
         a.size
             .split(',')
             .map(|s| {
@@ -190,6 +229,7 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
             name,
             path,
             dyn_dim: a.dyn_dim,
+            files: parse_inputs(&a.inputs)?,
         }]
     };
     let targets: Vec<TargetSpec> = match &a.connect {
@@ -260,4 +300,27 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
             .collect(),
         classifier: None,
     })
+}
+
+/// Parses repeated `--input NAME=FILE.npy` flags. Each name must be given
+/// once and each file must exist; the rest (names, dtypes, shapes, sizes) is
+/// checked against the model's signature by
+/// [`bench::workload::file_inputs`] before anything is measured.
+fn parse_inputs(flags: &[String]) -> Result<Vec<(String, PathBuf)>, CmdError> {
+    let mut files = Vec::with_capacity(flags.len());
+    for spec in flags {
+        let (name, path) = spec
+            .split_once('=')
+            .filter(|(n, p)| !n.is_empty() && !p.is_empty())
+            .ok_or_else(|| format!("--input takes NAME=FILE.npy, got '{spec}'"))?;
+        if files.iter().any(|(n, _)| n == name) {
+            return Err(format!("--input: input '{name}' is given twice").into());
+        }
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            return Err(format!("--input {spec}: {} is not a file", path.display()).into());
+        }
+        files.push((name.to_string(), path));
+    }
+    Ok(files)
 }

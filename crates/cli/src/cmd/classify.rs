@@ -314,6 +314,7 @@ fn run_compare(
             model_path: model.to_path_buf(),
             intra_threads: a.intra_threads as usize,
             serve_exe: std::env::current_exe()?,
+            spin_us: None,
         },
         timelines: a.verbose,
     };

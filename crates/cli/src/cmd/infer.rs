@@ -3,10 +3,10 @@
 
 use super::{connect, parse_models, CmdError, DEFAULT_CONNECT};
 use client::{ClientOptions, Stage, TensorRef};
+use npy::{read_npy, write_npy, NpyArray};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
-use tensorwire_cli::npy::{read_npy, write_npy, NpyArray};
 use wire::DType;
 
 /// Arguments of `infer`.

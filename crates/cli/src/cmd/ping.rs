@@ -9,7 +9,7 @@ use bench::raw_shm::{self, ShmOptions};
 use bench::stats::{summarize, Summary};
 use client::TensorRef;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wire::{AlignedBuf, DType, DESC_FIXED_LEN, HEADER_LEN};
 
 /// Arguments of `ping`.
@@ -52,6 +52,11 @@ pub struct Args {
     /// agent it is compared with: a cross-core wake-up costs ~5 µs here.
     #[arg(long, value_name = "CPU")]
     peer_cpu: Option<usize>,
+    /// Microseconds a waiting read polls before it blocks: with --raw, both
+    /// ends of the floor (default 0, block at once); otherwise the client's
+    /// budget (default 200; the agent's is `serve --socket-spin-us`).
+    #[arg(long, value_name = "US")]
+    spin_us: Option<u64>,
     /// Ask the agent for every request's timeline and print the median time
     /// of each stage (client → agent, payload, queue, compute, agent → client).
     #[arg(long)]
@@ -85,6 +90,21 @@ pub struct EchoArgs {
     /// Pin this process to one CPU.
     #[arg(long)]
     cpu: Option<usize>,
+    /// Microseconds a read polls before it blocks (sockets only).
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
+}
+
+/// A `--spin-us` value as a budget, refusing more than the agent allows.
+fn spin_budget(us: u64) -> Result<Duration, CmdError> {
+    if us > server::config::MAX_SPIN_US {
+        return Err(format!(
+            "--spin-us must be 0..={}, not {us}",
+            server::config::MAX_SPIN_US
+        )
+        .into());
+    }
+    Ok(Duration::from_micros(us))
 }
 
 fn parse_flag01(s: &str, what: &str) -> Result<bool, CmdError> {
@@ -129,6 +149,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
                 msg_len: usize::try_from(request_bytes(a.size))?,
                 nodelay,
                 split_writes: a.split_writes,
+                spin: spin_budget(a.spin_us.unwrap_or(0))?,
             };
             let mut cmd = Command::new(std::env::current_exe()?);
             cmd.arg("raw-echo");
@@ -141,6 +162,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             }
             if a.split_writes {
                 name.push_str("+split-writes");
+            }
+            if !opts.spin.is_zero() {
+                name.push_str("+spin");
             }
             (
                 name,
@@ -199,10 +223,13 @@ fn make_inputs(a: &Args, sig: &wire::ModelSignature) -> Result<Inputs, CmdError>
 }
 
 fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
-    let opts = client::ClientOptions {
+    let mut opts = client::ClientOptions {
         want_timeline: a.stages,
         ..Default::default()
     };
+    if let Some(us) = a.spin_us {
+        opts.spin = spin_budget(us)?;
+    }
     let c = connect(&a.connect, &parse_models(&a.load)?, opts)?;
     let model = c.client.model(&a.model)?;
     let inputs = make_inputs(a, model.signature())?;
@@ -403,6 +430,7 @@ pub fn run_echo(a: EchoArgs) -> Result<(), CmdError> {
         len: a.len.ok_or("raw-echo needs --len")?,
         nodelay: parse_flag01(&a.nodelay, "--nodelay")?,
         split_writes: a.split_writes,
+        spin: spin_budget(a.spin_us)?,
     })?;
     Ok(())
 }

@@ -34,6 +34,10 @@ pub struct Args {
     /// Most request payload bytes held by requests in flight, agent-wide.
     #[arg(long)]
     max_total_payload: Option<u64>,
+    /// Unix and TCP sessions: microseconds a session thread polls its socket
+    /// for the next request before it blocks (0 = block at once).
+    #[arg(long)]
+    socket_spin_us: Option<u64>,
     /// Shared-memory sessions: microseconds an idle session thread spins
     /// before it sleeps on its futex (0 = sleep at once).
     #[arg(long)]
@@ -69,6 +73,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     }
     if let Some(n) = a.max_total_payload {
         cfg.max_total_payload = n;
+    }
+    if let Some(n) = a.socket_spin_us {
+        cfg.socket_spin_us = n;
     }
     if let Some(n) = a.shm_spin_us {
         cfg.shm_spin_us = n;

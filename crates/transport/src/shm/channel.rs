@@ -20,13 +20,14 @@ use crate::shm::fdpass::{recv_with_fd, send_with_fd};
 use crate::shm::layout::{Layout, AGENT_SLEEP, CLIENT_SLEEP};
 use crate::shm::ring::{Consumer, Producer, Ring, RingError, SLOT_LEN};
 use crate::shm::{futex, Arena};
+use crate::spin::Spin;
 use rustix::event::{poll, PollFd, PollFlags};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use thiserror::Error;
 use wire::{
     decode_error_body, decode_hello, encode_hello, Header, Kind, Limits, Status, WireError,
@@ -406,28 +407,15 @@ impl ShmChannel {
         policy: WaitPolicy,
         limit: Option<Duration>,
     ) -> Result<(Header, Vec<u8>), ShmError> {
-        let mut start: Option<Instant> = None;
-        let mut spins = 0u32;
+        let mut spin = Spin::new(policy.spin, 64);
         loop {
             if let Some(m) = self.try_recv(limits)? {
                 return Ok(m);
             }
-            spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(64) {
-                std::hint::spin_loop();
+            if spin.again() {
                 continue;
             }
-            let now = Instant::now();
-            let since = now - *start.get_or_insert(now);
-            if since < policy.spin {
-                // Let the peer run if it shares this CPU: spinning on a
-                // core the sender needs only delays the message (until the
-                // spin budget or the scheduler's tick ends it). Once per
-                // 64 polls, so a message arriving within the first
-                // microseconds never pays for the system call.
-                std::thread::yield_now();
-                continue;
-            }
+            let since = spin.elapsed();
             let left = limit.map(|l| l.saturating_sub(since));
             if left.is_some_and(|l| l.is_zero()) {
                 return Err(ShmError::TimedOut);
@@ -486,6 +474,7 @@ impl ShmChannel {
 mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
+    use std::time::Instant;
 
     fn pair(sizes: ShmSizes) -> (ShmChannel, ShmChannel, Limits) {
         let dir = tempfile::tempdir().unwrap();

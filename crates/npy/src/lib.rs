@@ -1,7 +1,14 @@
-//! Reading and writing NumPy `.npy` files: how tensors get into and out of the
-//! `tensorwire` command.
+//! Tensors in and out of NumPy `.npy` files.
 //!
-//! This module owns the `.npy` format (versions 1.0, 2.0 and 3.0) for plain,
+//! This crate is how real tensors get into tensorwire and results get out:
+//! `tensorwire infer` reads its inputs from `.npy` files and writes its
+//! outputs as `.npy` files, and `tensorwire bench` can send inputs read from
+//! `.npy` files instead of generated ones. It is its own crate so that both
+//! the command (`tensorwire-cli`) and the benchmark harness
+//! (`tensorwire-bench`) can use it; it depends only on `wire` (for
+//! [`wire::DType`] and [`wire::AlignedBuf`]) and does no other I/O.
+//!
+//! The crate owns the `.npy` format (versions 1.0, 2.0 and 3.0) for plain,
 //! C-ordered, little-endian arrays of the dtypes tensorwire knows
 //! ([`wire::DType`]), except bfloat16, which NumPy has no standard code for.
 //! Everything in a file is checked before it is trusted: the magic and
