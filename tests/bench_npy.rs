@@ -5,10 +5,10 @@
 //! dynamic). A file of the wrong shape, or `--input` without an ONNX model,
 //! must fail before anything is measured, with a message naming the input.
 
-use common::{built, tensorwire_bin};
+use common::{built, run_bin};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 use wire::DType;
 
@@ -16,26 +16,13 @@ use wire::DType;
 /// `x: float32[batch, 1, 8, 8]`.
 const INPUT: &str = "x";
 
-/// Runs `tensorwire bench ARGS --quiet`, killed after `limit`.
-fn bench(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(tensorwire_bin())
-        .arg("bench")
-        .args(args)
-        .arg("--quiet")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tensorwire bench");
-    let t0 = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            panic!("tensorwire bench {args:?} ran over {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
+/// Runs `tensorwire bench ARGS --quiet` (bounded by `limit`); returns
+/// (status, stdout, stderr).
+fn bench(args: &[&str], limit: Duration) -> (ExitStatus, String, String) {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.push("--quiet");
+    run_bin(&all, limit)
 }
 
 /// Writes `x` as float32 of `shape`, pixel values 0..16 like the digits.
@@ -89,13 +76,10 @@ fn bench_sends_inputs_from_npy_files() {
     let mut args = fast_args(model, &input);
     args.extend(["--out", out_str]);
     let t0 = Instant::now();
-    let out = bench(&args, Duration::from_secs(60));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (status, stdout, stderr) = bench(&args, Duration::from_secs(60));
     assert!(
-        out.status.success(),
-        "bench {args:?} failed: {}\nstdout:\n{}\nstderr:\n{stderr}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout)
+        status.success(),
+        "bench {args:?} failed: {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     eprintln!("bench with a .npy input took {:.1?}", t0.elapsed());
 
@@ -139,23 +123,18 @@ fn wrong_npy_inputs_are_clear_errors() {
     write_input(&file, &[1, 1, 8, 9]);
     let input = format!("{INPUT}={}", file.display());
 
-    let out = bench(&fast_args(model, &input), Duration::from_secs(60));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "a [1, 1, 8, 9] input must be refused"
-    );
+    let (status, _, err) = bench(&fast_args(model, &input), Duration::from_secs(60));
+    assert!(!status.success(), "a [1, 1, 8, 9] input must be refused");
     for want in ["input 'x'", "wide.npy", "dimension 3 must be 8"] {
         assert!(err.contains(want), "expected '{want}' in: {err}");
     }
 
     // `--input` without an ONNX model (the default identity model).
-    let out = bench(
+    let (status, _, err) = bench(
         &["--input", &input, "--duration", "0.1"],
         Duration::from_secs(30),
     );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "--input with identity must fail");
+    assert!(!status.success(), "--input with identity must fail");
     assert!(
         err.contains("--input needs an ONNX model"),
         "expected a clear error in: {err}"

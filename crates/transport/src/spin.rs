@@ -18,6 +18,14 @@
 //! socket transports poll with a non-blocking `recv` (a system call, so
 //! they check every 8).
 //!
+//! [`SpinSlots`] caps how many threads of a process poll at once: half the
+//! CPUs, at least one (the Go runtime caps its spinning threads the same
+//! way). Polling pays when a few connections are busy and CPUs are idle;
+//! with more pollers than that, they only take CPU time from the threads
+//! that would answer them. A waiter that gets no slot blocks at once, as if
+//! it had no budget. The socket transports take their slots from
+//! [`SOCKET_POLLERS`].
+//!
 //! [`SpinGate`] decides, per connection, whether spinning is paying off:
 //! after [`SpinGate::MISS_LIMIT`] waits in a row in which the message came
 //! only after blocking, it spins only on every
@@ -26,7 +34,75 @@
 //! milliseconds, a model that runs for milliseconds) from burning the whole
 //! budget on every message.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// The slots socket readers of this process poll in.
+pub static SOCKET_POLLERS: SpinSlots = SpinSlots::new();
+
+/// A process-wide cap on threads polling at once (see the module docs).
+#[derive(Debug)]
+pub struct SpinSlots {
+    busy: AtomicUsize,
+    cap: OnceLock<usize>,
+}
+
+/// One taken slot of a [`SpinSlots`]; given back when dropped.
+#[derive(Debug)]
+pub struct SpinSlot<'a>(&'a SpinSlots);
+
+impl SpinSlots {
+    /// A cap of half the CPUs this process may run on, at least one (read
+    /// on first use).
+    pub const fn new() -> SpinSlots {
+        SpinSlots {
+            busy: AtomicUsize::new(0),
+            cap: OnceLock::new(),
+        }
+    }
+
+    /// A cap of exactly `cap` slots.
+    pub fn with_cap(cap: usize) -> SpinSlots {
+        let s = SpinSlots::new();
+        let _ = s.cap.set(cap);
+        s
+    }
+
+    /// The cap.
+    pub fn cap(&self) -> usize {
+        *self.cap.get_or_init(|| {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cpus / 2).max(1)
+        })
+    }
+
+    /// A slot, or `None` when `cap` threads already poll.
+    pub fn try_take(&self) -> Option<SpinSlot<'_>> {
+        let cap = self.cap();
+        if self.busy.load(Ordering::Relaxed) >= cap {
+            return None;
+        }
+        if self.busy.fetch_add(1, Ordering::Acquire) < cap {
+            Some(SpinSlot(self))
+        } else {
+            self.busy.fetch_sub(1, Ordering::Release);
+            None
+        }
+    }
+}
+
+impl Default for SpinSlots {
+    fn default() -> Self {
+        SpinSlots::new()
+    }
+}
+
+impl Drop for SpinSlot<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::Release);
+    }
+}
 
 /// One bounded busy-wait. Create it when a wait starts; call
 /// [`Spin::again`] after each poll that found nothing.
@@ -192,6 +268,18 @@ mod tests {
         g.record(true);
         assert!(g.is_open());
         assert_eq!(g.grant(), b);
+    }
+
+    #[test]
+    fn slots_are_capped_and_given_back() {
+        let slots = SpinSlots::with_cap(2);
+        let a = slots.try_take();
+        let b = slots.try_take();
+        assert!(a.is_some() && b.is_some());
+        assert!(slots.try_take().is_none());
+        drop(a);
+        assert!(slots.try_take().is_some());
+        assert!(SpinSlots::new().cap() >= 1);
     }
 
     #[test]

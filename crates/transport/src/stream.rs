@@ -20,7 +20,8 @@
 //! nothing polls the socket with non-blocking `recv`s for up to that budget
 //! before it blocks ([`crate::spin`]), so a message that follows quickly
 //! costs the receiver no wake-up; a [`SpinGate`] stops spinning on a
-//! connection whose messages keep coming only after the budget.
+//! connection whose messages keep coming only after the budget, and
+//! [`SOCKET_POLLERS`] caps how many threads of the process poll at once.
 //! [`StreamStats::spins_caught`] and [`StreamStats::spins_missed`] count how
 //! the spins ended.
 //!
@@ -30,7 +31,7 @@
 //! connection is done.
 
 use crate::error::RecvError;
-use crate::spin::{Spin, SpinGate};
+use crate::spin::{Spin, SpinGate, SpinSlots, SOCKET_POLLERS};
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{recv, sendmsg, RecvFlags, SendAncillaryBuffer, SendFlags};
@@ -66,6 +67,9 @@ pub struct StreamStats {
     pub spins_caught: u64,
     /// Reads that spun for their whole budget and then blocked.
     pub spins_missed: u64,
+    /// Reads that blocked without spinning because as many other threads
+    /// of this process were polling as [`SOCKET_POLLERS`] allows.
+    pub spins_crowded: u64,
 }
 
 #[derive(Debug)]
@@ -95,16 +99,18 @@ impl Sock {
         &mut self,
         buf: &mut [u8],
         gate: &mut SpinGate,
+        slots: &SpinSlots,
         stats: &mut StreamStats,
     ) -> io::Result<usize> {
         if gate.budget().is_zero() || buf.is_empty() {
             return self.read(buf);
         }
         let mut spin: Option<Spin> = None;
+        let mut slot = None;
         loop {
             match recv(self.fd(), &mut *buf, RecvFlags::DONTWAIT) {
                 Ok((n, _)) => {
-                    if spin.is_some() {
+                    if spin.as_ref().is_some_and(|s| !s.granted().is_zero()) {
                         stats.spins_caught += 1;
                         gate.record(true);
                     }
@@ -112,8 +118,17 @@ impl Sock {
                 }
                 Err(Errno::INTR) => {}
                 Err(Errno::AGAIN) => {
-                    let s =
-                        spin.get_or_insert_with(|| Spin::new(gate.grant(), SOCKET_POLLS_PER_CHECK));
+                    let s = spin.get_or_insert_with(|| {
+                        let mut budget = gate.grant();
+                        if !budget.is_zero() {
+                            slot = slots.try_take();
+                            if slot.is_none() {
+                                stats.spins_crowded += 1;
+                                budget = Duration::ZERO;
+                            }
+                        }
+                        Spin::new(budget, SOCKET_POLLS_PER_CHECK)
+                    });
                     if !s.again() {
                         break;
                     }
@@ -121,6 +136,7 @@ impl Sock {
                 Err(e) => return Err(e.into()),
             }
         }
+        drop(slot);
         if spin.is_some_and(|s| !s.granted().is_zero()) {
             stats.spins_missed += 1;
             gate.record(false);
@@ -155,6 +171,7 @@ pub struct StreamConn {
     end: usize,
     stats: StreamStats,
     gate: SpinGate,
+    slots: &'static SpinSlots,
     peer: String,
 }
 
@@ -173,6 +190,7 @@ impl StreamConn {
             end: 0,
             stats: StreamStats::default(),
             gate: SpinGate::new(Duration::ZERO),
+            slots: &SOCKET_POLLERS,
             peer,
         }
     }
@@ -205,6 +223,14 @@ impl StreamConn {
     /// blocks (zero, the default, blocks at once). See the module docs.
     pub fn set_spin(&mut self, budget: Duration) {
         self.gate = SpinGate::new(budget);
+    }
+
+    /// As [`StreamConn::set_spin`], polling in `slots` instead of the
+    /// process-wide [`SOCKET_POLLERS`] (tests that must not share them).
+    #[cfg(test)]
+    fn set_spin_in(&mut self, budget: Duration, slots: &'static SpinSlots) {
+        self.gate = SpinGate::new(budget);
+        self.slots = slots;
     }
 
     /// Bounds how long one read may wait (`None` = forever).
@@ -270,10 +296,12 @@ impl StreamConn {
         self.stats.staged_payload_bytes += staged as u64;
         let mut pos = staged;
         while pos < dest.len() {
-            match self
-                .sock
-                .read_waiting(&mut dest[pos..], &mut self.gate, &mut self.stats)
-            {
+            match self.sock.read_waiting(
+                &mut dest[pos..],
+                &mut self.gate,
+                self.slots,
+                &mut self.stats,
+            ) {
                 Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
                 Ok(n) => pos += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -325,6 +353,7 @@ impl StreamConn {
             match self.sock.read_waiting(
                 &mut self.staging[self.end..],
                 &mut self.gate,
+                self.slots,
                 &mut self.stats,
             ) {
                 Ok(0) if empty => return Err(RecvError::Closed),
@@ -596,10 +625,16 @@ mod tests {
         assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
     }
 
-    #[test]
-    fn a_spinning_read_catches_a_quick_message() {
+    /// A pair whose reader `b` may spin for `budget` in slots of its own.
+    fn spinning_pair(budget: Duration) -> (StreamConn, StreamConn, &'static SpinSlots) {
+        let slots: &'static SpinSlots = Box::leak(Box::new(SpinSlots::with_cap(1)));
         let (a, mut b) = pair();
-        b.set_spin(Duration::from_millis(500));
+        b.set_spin_in(budget, slots);
+        (a, b, slots)
+    }
+
+    /// `b` reads a Ping that `a` sends after 2 ms; returns `b`'s stats.
+    fn ping_after_2ms(a: StreamConn, b: &mut StreamConn) -> StreamStats {
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(2));
             a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
@@ -607,15 +642,29 @@ mod tests {
         });
         assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
         t.join().unwrap();
-        assert_eq!(b.stats().spins_caught, 1);
-        assert_eq!(b.stats().spins_missed, 0);
+        b.stats()
+    }
+
+    #[test]
+    fn a_spinning_read_catches_a_quick_message() {
+        let (a, mut b, _) = spinning_pair(Duration::from_millis(500));
+        let s = ping_after_2ms(a, &mut b);
+        assert_eq!((s.spins_caught, s.spins_missed), (1, 0), "{s:?}");
+    }
+
+    #[test]
+    fn a_reader_finding_every_slot_taken_blocks_without_spinning() {
+        let (a, mut b, slots) = spinning_pair(Duration::from_millis(500));
+        let held = slots.try_take();
+        assert!(held.is_some());
+        let s = ping_after_2ms(a, &mut b);
+        assert_eq!((s.spins_caught, s.spins_missed, s.spins_crowded), (0, 0, 1));
     }
 
     #[test]
     fn slow_traffic_closes_the_spin_gate() {
         use crate::spin::SpinGate;
-        let (a, mut b) = pair();
-        b.set_spin(Duration::from_micros(200));
+        let (a, mut b, _) = spinning_pair(Duration::from_micros(200));
         let (ack, acked) = std::sync::mpsc::channel::<()>();
         let n = 20;
         let t = std::thread::spawn(move || {
