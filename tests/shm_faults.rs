@@ -785,35 +785,37 @@ fn a_client_scribbling_over_its_whole_arena_loses_only_its_session() {
                 let l = raw.layout();
                 let arena = raw.arena();
                 let seed = 1000 + round;
-                let start: Instant;
-                let flavor = match round % 4 {
+                let start = Instant::now();
+                // Random bytes form no published message (a slot's mark
+                // must equal its index + 1, PROTOCOL §14.4), so the agent
+                // may just go on waiting for one: then the session ends
+                // when the tenant leaves. Only a published garbage header
+                // must end it at once.
+                let (flavor, must_close) = match round % 4 {
                     0 => {
                         // Everything, over and over, waking the agent each
-                        // time, until it gives up on the session.
-                        scribble(&arena, seed * 100);
-                        start = Instant::now();
-                        raw.wake_agent();
-                        let mut k = 1;
-                        while raw.ch.peer_alive() && start.elapsed() < Duration::from_secs(2) {
+                        // time.
+                        let mut k = 0;
+                        while raw.ch.peer_alive() && start.elapsed() < Duration::from_millis(500) {
                             scribble(&arena, seed * 100 + k);
                             raw.wake_agent();
                             k += 1;
                         }
-                        "whole arena, repeatedly"
+                        ("whole arena, repeatedly", false)
                     }
                     1 => {
-                        // Everything, then a request head just ahead of the
-                        // agent's tail: it reads garbage slots as messages.
+                        // Everything, then the mark that publishes the slot
+                        // the agent reads next: a garbage header.
                         let tail = arena
                             .atomic_u64(l.request_ring + 64)
                             .load(Ordering::Acquire);
                         scribble(&arena, seed);
+                        let slot = (tail % u64::from(l.ring_capacity)) as usize;
                         arena
-                            .atomic_u64(l.request_ring)
-                            .store(tail + 3, Ordering::Release);
-                        start = Instant::now();
+                            .atomic_u64(l.request_ring + 128 + slot * 64 + 56)
+                            .store(tail + 1, Ordering::Release);
                         raw.wake_agent();
-                        "whole arena, plausible ring head"
+                        ("whole arena, a garbage header published", true)
                     }
                     2 => {
                         // A request in flight (1 MiB in place), then
@@ -822,21 +824,30 @@ fn a_client_scribbling_over_its_whole_arena_loses_only_its_session() {
                         raw.write(0, &pattern(1 << 20, seed));
                         raw.submit(id, &[desc(DType::U8, &[1 << 20], 0)], None);
                         scribble(&arena, seed);
-                        start = Instant::now();
                         raw.wake_agent();
-                        "whole arena, request in flight"
+                        ("whole arena, request in flight", false)
                     }
                     _ => {
-                        // Everything, without waking the agent: it must
-                        // notice on its own.
+                        // Everything, without waking the agent.
                         std::thread::sleep(Duration::from_millis(20));
                         scribble(&arena, seed);
-                        start = Instant::now();
-                        "whole arena, agent asleep"
+                        ("whole arena, agent asleep", false)
                     }
                 };
-                raw.wait_closed(Duration::from_secs(2), flavor);
-                closed.push((flavor, start.elapsed()));
+                let by_agent = if must_close {
+                    raw.wait_closed(Duration::from_secs(2), flavor);
+                    true
+                } else {
+                    let deadline = Instant::now() + Duration::from_millis(300);
+                    while raw.ch.peer_alive() && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    !raw.ch.peer_alive()
+                };
+                // Leaving ends the session in any case (checked below: only
+                // the good session is left, and its threads are gone).
+                drop(raw);
+                closed.push((flavor, by_agent, start.elapsed()));
             }
             stop2.store(true, Ordering::Release);
             closed
@@ -855,8 +866,15 @@ fn a_client_scribbling_over_its_whole_arena_loses_only_its_session() {
         eprintln!("scribbling client: good tenant before: {base}");
         eprintln!("scribbling client: good tenant during: {during}");
         eprintln!("scribbling client: good tenant after:  {after}");
-        for (flavor, took) in &closed {
-            eprintln!("scribbling client: {flavor}: session closed {took:?} after the scribble");
+        for (flavor, by_agent, took) in &closed {
+            let who = if *by_agent {
+                "the agent"
+            } else {
+                "the tenant leaving"
+            };
+            eprintln!(
+                "scribbling client: {flavor}: session closed by {who}, {took:?} after the scribble"
+            );
         }
         assert_eq!(closed.len(), 12);
         assert_normal(base, during, "good tenant while the other scribbles");

@@ -103,13 +103,126 @@ impl StageSample {
     }
 }
 
+/// Decides which requests of one caller carry a timeline.
+///
+/// A timed request costs about ten clock reads more than an untimed one
+/// (four client stamps, five or six agent stamps; [`StageSampler::STAMPS_NS`],
+/// measured here), a third of an empty shared-memory round trip. Timing
+/// every request would measure the instrument, so the sampler times one
+/// request in `every`, choosing `every` from the last timed round trip so
+/// the stamps add at most [`StageSampler::MAX_SHARE`] to the mean: every
+/// request of a millisecond model, about one in 40 of a sub-microsecond
+/// empty RPC. The stage figures are then the timed requests' (thousands per
+/// measurement even at the sparsest rate), and the latency figures are
+/// every request's.
+#[derive(Clone, Copy, Debug)]
+pub struct StageSampler {
+    every: u64,
+    countdown: u64,
+}
+
+impl StageSampler {
+    /// What the stamps of one timed request cost (ten `CLOCK_MONOTONIC`
+    /// reads at ~30 ns on the VMs we measure on).
+    pub const STAMPS_NS: u64 = 300;
+    /// The most the stamps may add to the mean round trip.
+    pub const MAX_SHARE: f64 = 0.01;
+    /// Sparsest sampling: one request in this many.
+    pub const MAX_EVERY: u64 = 1024;
+
+    /// A sampler that times the first request.
+    pub fn new() -> StageSampler {
+        StageSampler {
+            every: 1,
+            countdown: 0,
+        }
+    }
+
+    /// Whether the next request should be timed.
+    pub fn time_next(&mut self) -> bool {
+        if self.countdown == 0 {
+            self.countdown = self.every - 1;
+            true
+        } else {
+            self.countdown -= 1;
+            false
+        }
+    }
+
+    /// Learns from a timed request's round trip (client stamps, ns).
+    pub fn observed(&mut self, round_trip_ns: u64) {
+        let rt = round_trip_ns.max(1) as f64;
+        let every = (Self::STAMPS_NS as f64 / (Self::MAX_SHARE * rt)).ceil() as u64;
+        self.every = every.clamp(1, Self::MAX_EVERY);
+        self.countdown = self.countdown.min(self.every - 1);
+    }
+
+    /// One request in how many is timed now.
+    pub fn every(&self) -> u64 {
+        self.every
+    }
+}
+
+impl Default for StageSampler {
+    fn default() -> Self {
+        StageSampler::new()
+    }
+}
+
 /// Sends one request and waits for its answer.
 pub trait Caller: Send {
     /// One round trip. Returns the request's stage split when the target
-    /// reports one (tensorwire does; the peers and the in-process baseline
-    /// do not).
+    /// reports one (tensorwire does, for the requests its
+    /// [`StageSampler`] times; the peers and the in-process baseline do
+    /// not).
     fn call(&mut self) -> Result<Option<StageSample>, BenchError>;
 }
 
 /// Makes a new [`Caller`] (a new connection): one per client thread.
 pub type CallerFactory = dyn Fn() -> Result<Box<dyn Caller>, BenchError> + Send + Sync;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timed_of(s: &mut StageSampler, n: usize) -> usize {
+        (0..n).filter(|_| s.time_next()).count()
+    }
+
+    #[test]
+    fn sampler_times_slow_requests_all_and_fast_ones_sparsely() {
+        let mut s = StageSampler::new();
+        assert!(s.time_next(), "the first request is timed");
+        // A 10 ms model: the stamps are far below 1 %, so time them all.
+        s.observed(10_000_000);
+        assert_eq!(s.every(), 1);
+        assert_eq!(timed_of(&mut s, 100), 100);
+        // A 0.75 µs round trip: 300 ns of stamps / (1 % of 750 ns) = 40.
+        s.observed(750);
+        assert_eq!(s.every(), 40);
+        assert_eq!(timed_of(&mut s, 4000), 100);
+        // 30 µs: 300 / 300 = 1; 20 µs: 2 (one in two).
+        s.observed(30_000);
+        assert_eq!(s.every(), 1);
+        s.observed(20_000);
+        assert_eq!(s.every(), 2);
+        assert_eq!(timed_of(&mut s, 100), 50);
+        // Nothing measured (0 ns) is clamped, not a division by zero.
+        s.observed(0);
+        assert_eq!(s.every(), StageSampler::MAX_EVERY);
+    }
+
+    #[test]
+    fn sampler_shortens_a_long_countdown_at_once() {
+        let mut s = StageSampler::new();
+        assert!(s.time_next());
+        s.observed(10);
+        assert_eq!(s.every(), StageSampler::MAX_EVERY);
+        // The countdown set by the first request (every = 1) runs out first.
+        assert!(s.time_next());
+        assert_eq!(timed_of(&mut s, 500), 0);
+        // The model became slow: the next request is timed, not 1000 later.
+        s.observed(50_000_000);
+        assert!(s.time_next());
+    }
+}

@@ -19,7 +19,7 @@
 //! Every child process is stopped when its target is dropped; nothing
 //! outlives a run.
 
-use crate::caller::{BenchError, Caller, CallerFactory, Stage, StageSample};
+use crate::caller::{BenchError, Caller, CallerFactory, Stage, StageSample, StageSampler};
 use crate::placement::{pin_process, Placement};
 use crate::workload::{Input, Workload};
 use classifier::agents::{AgentProcess, AgentSpec, RunningAgent, Transport};
@@ -376,20 +376,18 @@ fn start_tensorwire(
             (agent.uri().to_string(), Server::Agent(agent))
         }
     };
-    let mut opts = client::ClientOptions {
-        want_timeline: env.stages,
-        ..client::ClientOptions::default()
-    };
+    let mut opts = client::ClientOptions::default();
     if let Some(spin) = env.spin {
         opts.spin = spin;
     }
+    let stages = env.stages;
     // Probe once so a wrong URI or model fails here, not in every client.
-    let probe = TensorwireCaller::connect(&uri, workload, opts.clone())?;
+    let probe = TensorwireCaller::connect(&uri, workload, opts.clone(), stages)?;
     let tensor_bytes = crate::workload::tensor_bytes(&probe.inputs);
     drop(probe);
     let w = workload.clone();
     let factory: Arc<CallerFactory> = Arc::new(move || {
-        Ok(Box::new(TensorwireCaller::connect(&uri, &w, opts.clone())?) as Box<dyn Caller>)
+        Ok(Box::new(TensorwireCaller::connect(&uri, &w, opts.clone(), stages)?) as Box<dyn Caller>)
     });
     Ok(RunningTarget {
         spec: spec.clone(),
@@ -567,6 +565,8 @@ struct TensorwireCaller {
     model: client::Model,
     bufs: Vec<client::TensorBuf>,
     inputs: Vec<Input>,
+    /// Which requests ask for their timeline (`None`: none do).
+    sampler: Option<StageSampler>,
     _client: client::Client,
 }
 
@@ -575,6 +575,7 @@ impl TensorwireCaller {
         uri: &str,
         workload: &Workload,
         opts: client::ClientOptions,
+        stages: bool,
     ) -> Result<TensorwireCaller, BenchError> {
         let e = |x: client::ClientError| BenchError::new(format!("{uri}: {x}"));
         let c = client::Client::connect_with(uri, opts).map_err(e)?;
@@ -590,6 +591,7 @@ impl TensorwireCaller {
             model,
             bufs,
             inputs,
+            sampler: stages.then(StageSampler::new),
             _client: c,
         })
     }
@@ -598,10 +600,16 @@ impl TensorwireCaller {
 impl Caller for TensorwireCaller {
     fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
         let tensors: Vec<client::TensorRef<'_>> = self.bufs.iter().map(|t| t.as_ref()).collect();
-        let r = self
-            .model
-            .infer(&tensors)
-            .map_err(|e| BenchError::new(e.to_string()))?;
+        let timed = self.sampler.as_mut().is_some_and(|s| s.time_next());
+        let r = if timed {
+            self.model.infer_timed(&tensors)
+        } else {
+            self.model.infer(&tensors)
+        }
+        .map_err(|e| BenchError::new(e.to_string()))?;
+        if let Some(s) = self.sampler.as_mut().filter(|_| timed) {
+            s.observed(r.client_done_ns.saturating_sub(r.client_start_ns));
+        }
         if r.outputs.is_empty()
             && !self.inputs.is_empty()
             && self.model.signature().inputs.is_empty()
@@ -717,9 +725,7 @@ mod tests {
 
     #[test]
     fn stages_add_up_to_the_round_trip() {
-        let tl = wire::Timeline {
-            stamps: [110, 120, 130, 140, 150, 160],
-        };
+        let tl = wire::Timeline::from_stamps([110, 120, 130, 140, 150, 160]);
         let s = stage_sample(100, 105, &tl, 170, 180).expect("complete");
         assert_eq!(s.0.iter().sum::<u64>(), 80);
         assert_eq!(s.get(Stage::ClientSend), 5);

@@ -594,9 +594,7 @@ mod tests {
 
     #[test]
     fn stages_from_stamps() {
-        let mut tl = wire::Timeline {
-            stamps: [110, 120, 125, 130, 180, 185],
-        };
+        let mut tl = wire::Timeline::from_stamps([110, 120, 125, 130, 180, 185]);
         let s = Stages::from_timeline(100, &tl, 200).expect("stages");
         assert_eq!(
             s.named().map(|(_, v)| v),

@@ -130,19 +130,21 @@ pub struct ShmInfo {
 pub struct Response {
     /// Outputs in the model's output order.
     pub outputs: Vec<Tensor>,
-    /// The agent's stamps (with `want_timeline`).
+    /// The agent's stamps, if the request asked for them
+    /// ([`ClientOptions::want_timeline`], [`Model::infer_timed`]).
     pub timeline: Option<Timeline>,
     /// `CLOCK_MONOTONIC` ns just before the request was encoded (0 unless
-    /// `want_timeline`: the four client stamps cost a clock read each).
+    /// the request asked for its timeline: the four client stamps cost a
+    /// clock read each).
     pub client_start_ns: u64,
     /// `CLOCK_MONOTONIC` ns when the request had been handed to the
-    /// transport (0 unless `want_timeline`).
+    /// transport (0 unless timed).
     pub client_sent_ns: u64,
     /// `CLOCK_MONOTONIC` ns when the response header had been read (0 unless
-    /// `want_timeline`).
+    /// timed).
     pub client_received_ns: u64,
     /// `CLOCK_MONOTONIC` ns when the response was complete (0 unless
-    /// `want_timeline`).
+    /// timed).
     pub client_done_ns: u64,
 }
 
@@ -217,6 +219,8 @@ pub struct Model {
 pub struct Ticket {
     client: Client,
     id: u64,
+    /// Whether the request asked for its timeline (and the client stamps).
+    timed: bool,
     start_ns: u64,
     sent_ns: u64,
     waited: bool,
@@ -459,6 +463,14 @@ impl Model {
         self.submit(inputs)?.wait()
     }
 
+    /// Like [`infer`](Self::infer), asking for this request's timeline
+    /// whatever [`ClientOptions::want_timeline`] says: for callers that
+    /// trace a sample of their requests (each timed request costs about ten
+    /// clock reads, client and agent together).
+    pub fn infer_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
+        self.submit_with(inputs, true)?.wait()
+    }
+
     /// Sends a request without waiting; many may be in flight on one client.
     ///
     /// Over `shm://`, an input made by [`Client::alloc_tensor`] (or an
@@ -466,8 +478,13 @@ impl Model {
     /// held until the response has come; any other input is copied into the
     /// session's arena once.
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
+        self.submit_with(inputs, self.client.inner.opts.want_timeline)
+    }
+
+    /// [`submit`](Self::submit), asking for the timeline if `timed`.
+    fn submit_with(&self, inputs: &[TensorRef<'_>], timed: bool) -> Result<Ticket, ClientError> {
         let inner = &self.client.inner;
-        let start_ns = inner.stamp();
+        let start_ns = stamp_if(timed);
         let sig = &self.info.signature;
         // The identity model (empty signature) takes anything.
         if !sig.inputs.is_empty() {
@@ -546,7 +563,7 @@ impl Model {
         h.tensor_count = descs.len() as u32;
         h.desc_len = desc.len() as u32;
         h.payload_len = payload_len;
-        if inner.opts.want_timeline {
+        if timed {
             h.flags |= flags::WANT_TIMELINE;
         }
         if shm.is_some() {
@@ -556,10 +573,11 @@ impl Model {
             inner.send(&h, &desc, &tensors)?;
         }
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let sent_ns = inner.stamp();
+        let sent_ns = stamp_if(timed);
         Ok(Ticket {
             client: self.client.clone(),
             id: h.request_id,
+            timed,
             start_ns,
             sent_ns,
             waited: false,
@@ -591,7 +609,7 @@ impl Ticket {
         r.client_start_ns = self.start_ns;
         r.client_sent_ns = self.sent_ns;
         r.client_received_ns = received_ns;
-        r.client_done_ns = inner.stamp();
+        r.client_done_ns = stamp_if(self.timed);
         Ok(r)
     }
 }
@@ -715,7 +733,7 @@ impl Inner {
     fn read_frame(&self, s: &StreamLink) -> Result<Frame, RecvError> {
         let mut conn = lock(&s.reader);
         let (header, desc) = conn.recv_head(&self.recv_limits)?;
-        let received_ns = self.stamp();
+        let received_ns = stamp_if(header.flags & flags::HAS_TIMELINE != 0);
         let mut payload = self.pool.take(header.payload_len as usize)?;
         conn.recv_payload(&mut payload)?;
         self.stats
@@ -739,7 +757,7 @@ impl Inner {
                     header: r.header,
                     desc: r.desc,
                     payload: Payload::PerTensor(r.tensors),
-                    received_ns: self.stamp(),
+                    received_ns: stamp_if(r.header.flags & flags::HAS_TIMELINE != 0),
                 });
             }
             Link::Shm(s) => {
@@ -748,8 +766,8 @@ impl Inner {
                 return Ok(Frame {
                     header,
                     desc,
+                    received_ns: stamp_if(header.flags & flags::HAS_TIMELINE != 0),
                     payload: Payload::Arena,
-                    received_ns: self.stamp(),
                 });
             }
             Link::Stream(s) => s,
@@ -810,17 +828,17 @@ impl Inner {
     }
 }
 
-impl Inner {
-    /// `CLOCK_MONOTONIC` now when timelines are wanted, else 0 (no clock
-    /// read on the hot path nobody looks at).
-    fn stamp(&self) -> u64 {
-        if self.opts.want_timeline {
-            monotonic_ns()
-        } else {
-            0
-        }
+/// `CLOCK_MONOTONIC` now for a request that asked for its timeline, else 0
+/// (no clock read on the hot path nobody looks at).
+fn stamp_if(timed: bool) -> u64 {
+    if timed {
+        monotonic_ns()
+    } else {
+        0
     }
+}
 
+impl Inner {
     /// A failed wait leaves the request's arena allocations with it until
     /// its response comes (shared memory only).
     fn keep_pins(&self, id: u64, pins: Vec<Arc<Allocation>>) {

@@ -78,8 +78,20 @@ fn servers() -> Vec<(Server, Option<tempfile::TempDir>)> {
     vec![(unix, Some(dir)), (tcp, None), (nagle, None)]
 }
 
+/// One call. ttrpc 0.10 now and then loses a response under CPU load (see
+/// [`Client::connect`]; it happened here after a successful probe, while
+/// the rest of the suite compiled): a call that timed out is made once more
+/// on a fresh connection, so these tests check this crate's server rather
+/// than that flaw. Any other error is returned as it is.
 fn call_tensors(client: &mut Client, req: &Request) -> Result<Vec<Tensor>, PeerError> {
-    Ok(client.infer(req)?.outputs)
+    match client.infer(req) {
+        Err(PeerError::Call(ttrpc::Error::Others(m))) if m.contains("timeout") => {
+            eprintln!("ttrpc lost a response ({m}); calling again on a new connection");
+            *client = Client::connect(client.uri())?;
+            Ok(client.infer(req)?.outputs)
+        }
+        r => Ok(r?.outputs),
+    }
 }
 
 fn status_code(r: Result<impl std::fmt::Debug, PeerError>) -> (Code, String) {

@@ -30,7 +30,7 @@ impl InprocService for InprocAgent {
                         &[],
                     );
                 }
-                let mut tl = Timeline::default();
+                let mut tl = Timeline::for_request(&h);
                 tl.stamp(Stage::Received);
                 match core.prepare(&h, req.desc, &core.limits) {
                     Err(r) => r,

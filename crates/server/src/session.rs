@@ -36,7 +36,7 @@ pub fn serve(core: Arc<AgentCore>, mut conn: StreamConn) {
             }
             Err(_) => return,
         };
-        let mut tl = Timeline::default();
+        let mut tl = Timeline::for_request(&h);
         tl.stamp(Stage::Received);
         let ok = if h.kind == Kind::Request {
             match core.prepare(&h, &desc, &limits) {

@@ -187,7 +187,7 @@ impl Session {
     /// the outputs, answer. False when the session must end.
     fn request(&mut self, h: &wire::Header, desc: &[u8]) -> bool {
         let core = self.core.clone();
-        let mut tl = Timeline::default();
+        let mut tl = Timeline::for_request(h);
         tl.stamp(Stage::Received);
         let region = Placement::Region {
             len: self.layout.client_len as u64,

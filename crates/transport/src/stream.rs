@@ -664,13 +664,13 @@ mod tests {
     #[test]
     fn slow_traffic_closes_the_spin_gate() {
         use crate::spin::SpinGate;
-        let (a, mut b, _) = spinning_pair(Duration::from_micros(200));
+        let (a, mut b, _) = spinning_pair(Duration::from_micros(50));
         let (ack, acked) = std::sync::mpsc::channel::<()>();
         let n = 20;
         let t = std::thread::spawn(move || {
             for _ in 0..n {
                 // Each message comes well after the reader's spin budget.
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(10));
                 a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
                 acked.recv().unwrap();
             }
@@ -681,12 +681,16 @@ mod tests {
         }
         t.join().unwrap();
         let s = b.stats();
-        assert_eq!(s.spins_caught, 0);
         // Without the gate every one of the 20 reads would spin and miss.
+        // A reader descheduled for the whole gap mid-spin (a loaded test
+        // machine) catches its message and reopens the gate once: allowed.
+        let limit = u64::from(SpinGate::MISS_LIMIT) + 1;
+        let spun = s.spins_missed + s.spins_caught;
         assert!(
-            (1..=u64::from(SpinGate::MISS_LIMIT) + 1).contains(&s.spins_missed),
+            s.spins_missed >= 1 && spun <= limit * (1 + s.spins_caught),
             "{s:?}"
         );
+        assert!(spun < n, "{s:?}");
     }
 
     #[test]

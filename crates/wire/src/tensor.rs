@@ -297,9 +297,7 @@ mod tests {
     #[test]
     fn round_trip_with_timeline() {
         let ts = vec![desc(DType::F32, &[2, 3], 0), desc(DType::Bool, &[], 64)];
-        let tl = Timeline {
-            stamps: [1, 2, 3, 4, 5, 6],
-        };
+        let tl = Timeline::from_stamps([1, 2, 3, 4, 5, 6]);
         let mut bytes = Vec::new();
         encode_tensor_section(&ts, Some(&tl), &mut bytes);
         let mut h = Header::new(Kind::Response);

@@ -362,34 +362,14 @@ impl ShmChannel {
     /// Takes the next message if one is there. Its header is checked
     /// against `limits` before its descriptor slots are read.
     pub fn try_recv(&mut self, limits: &Limits) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
-        let avail = self.rx.available()?;
-        if avail == 0 {
+        let Some(first) = self.rx.peek() else {
             return Ok(None);
-        }
-        let head = self.rx.pop()?.ok_or(ShmError::Ring(RingError::Corrupt {
-            head: 0,
-            tail: 0,
-            capacity: 0,
-        }))?;
-        let h = Header::decode(&head)?;
+        };
+        let h = Header::decode(&first)?;
         h.check_limits(limits)?;
-        let n = (h.desc_len as usize).div_ceil(SLOT_LEN);
-        if n as u64 > avail - 1 {
-            return Err(WireError::Malformed(format!(
-                "descriptor section of {} bytes was not published with its header",
-                h.desc_len
-            ))
-            .into());
-        }
-        let mut desc = Vec::with_capacity(n * SLOT_LEN);
-        for _ in 0..n {
-            let s = self
-                .rx
-                .pop()?
-                .ok_or(ShmError::Bootstrap("ring emptied under us".into()))?;
-            desc.extend_from_slice(&s);
-        }
-        desc.truncate(h.desc_len as usize);
+        let len = h.desc_len as usize;
+        let mut desc = Vec::new();
+        self.rx.consume(len.div_ceil(SLOT_LEN), len, &mut desc)?;
         Ok(Some((h, desc)))
     }
 
@@ -423,11 +403,11 @@ impl ShmChannel {
             let slice = left.map_or(policy.slice, |l| l.min(policy.slice));
             self.my_sleep().store(1, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if self.rx.available()? == 0 {
+            if !self.rx.ready() {
                 futex::wait(self.my_sleep(), 1, Some(slice))?;
             }
             self.my_sleep().store(0, Ordering::SeqCst);
-            if self.rx.available()? == 0 && !self.peer_alive() {
+            if !self.rx.ready() && !self.peer_alive() {
                 return Err(ShmError::PeerGone);
             }
         }
@@ -576,11 +556,22 @@ mod tests {
         let mut p = ring.producer();
         p.push(&[0xAB; 64]).unwrap();
         assert!(matches!(a.try_recv(&limits), Err(ShmError::Wire(_))));
-        // Indices scribbled past the capacity.
+        // A consumer's tail scribbled past what was produced: the agent's
+        // next response finds its ring broken.
         c.arena()
-            .atomic_u64(c.layout().request_ring)
+            .atomic_u64(c.layout().response_ring + 64)
             .store(1 << 40, Ordering::Release);
-        assert!(matches!(a.try_recv(&limits), Err(ShmError::Ring(_))));
+        let mut r = Header::new(Kind::Pong);
+        r.request_id = 1;
+        let mut sent = Ok(true);
+        // The producer reads the tail only once its cached one says full.
+        for _ in 0..=c.layout().ring_capacity {
+            sent = a.send(&r, &[]);
+            if sent.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(sent, Err(ShmError::Ring(_))), "{sent:?}");
     }
 
     #[test]

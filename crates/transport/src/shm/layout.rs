@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! header page (4096 B)
-//!    0  magic "TWSHM001"          u64
+//!    0  magic "TWSHM002"          u64
 //!    8  arena length              u64
 //!   16  ring capacity (slots)     u32, 4 bytes zero
 //!   24  request ring offset       u64   (client → agent)
@@ -24,7 +24,7 @@ use crate::shm::Arena;
 use std::sync::atomic::Ordering;
 
 /// First eight bytes of every arena.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"TWSHM001");
+pub const MAGIC: u64 = u64::from_le_bytes(*b"TWSHM002");
 /// Offset of the agent's sleep word.
 pub const AGENT_SLEEP: usize = 64;
 /// Offset of the client's sleep word.

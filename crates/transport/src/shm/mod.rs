@@ -5,8 +5,8 @@
 //! [`Ring`]s of 64-byte slots inside it; a side with nothing to do sleeps on a
 //! [`futex`] word in the arena after spinning briefly.
 //!
-//! Everything the peer writes into the arena is untrusted: ring indices are
-//! checked before use, slots are copied out before they are validated, and
+//! Everything the peer writes into the arena is untrusted: the consumer's
+//! ring index is checked before use, slots are copied out before they are validated, and
 //! tensor bytes are only ever read as bytes.
 
 pub mod arena;
