@@ -29,7 +29,7 @@ use wire::BufPool;
 use wire::{
     decode_hello, decode_model_name, decode_tensor_section_in, encode_error_body, encode_hello,
     encode_model_list, encode_signature, encode_tensor_section, flags, layout_payload, Header,
-    Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline,
+    Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline, TIMELINE_LEN,
 };
 
 /// Bytes of large payload buffers the agent keeps for reuse.
@@ -522,8 +522,11 @@ impl AgentCore {
         header.model_id = p.model.id;
         header.tensor_count = descs.len() as u32;
         header.payload_len = payload_len;
+        // Sized exactly: a response with no tensors and no timeline (an
+        // empty RPC) allocates nothing.
+        let timeline_len = if p.want_timeline { TIMELINE_LEN } else { 0 };
         let mut desc =
-            Vec::with_capacity(descs.iter().map(|d| d.encoded_len()).sum::<usize>() + 64);
+            Vec::with_capacity(descs.iter().map(|d| d.encoded_len()).sum::<usize>() + timeline_len);
         if p.want_timeline {
             header.flags |= flags::HAS_TIMELINE;
             tl.stamp(Stage::ResponseSent);

@@ -236,7 +236,9 @@ pub fn decode_tensor_section_in(
             .iter()
             .map(|t| (t.offset, t.offset + t.len))
             .collect();
-        ranges.sort_unstable();
+        if ranges.len() > 1 {
+            ranges.sort_unstable();
+        }
         if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
             return Err(WireError::malformed(format!(
                 "tensors at {} and {} overlap",
