@@ -444,14 +444,12 @@ fn garbage_in_a_ring_closes_only_that_session() {
                 h.status
             );
         }
-        assert!(matches!(
-            bad.ch.recv(
-                &bad.limits,
-                WaitPolicy::CLIENT,
-                Some(Duration::from_secs(5))
-            ),
-            Err(ShmError::PeerGone)
-        ));
+        let end = bad.ch.recv(
+            &bad.limits,
+            WaitPolicy::CLIENT,
+            Some(Duration::from_secs(5)),
+        );
+        assert!(matches!(end, Err(ShmError::PeerGone)), "{fault}: {end:?}");
         wait_until(Duration::from_secs(2), "bad session closed", || {
             agent.stats().connections == 1
         });

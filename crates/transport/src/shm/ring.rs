@@ -100,23 +100,24 @@ impl Ring {
         })
     }
 
-    /// The producer end (exactly one process may use it). It starts where
-    /// the consumer has got to: a fresh ring, both at 0.
+    /// The producer end of a fresh ring (exactly one process may use it).
+    /// It starts at slot 0 whatever the arena says: a `tail` the peer wrote
+    /// before this end existed must not decide where it publishes.
     pub fn producer(&self) -> Producer {
-        let next = self.tail().load(Ordering::Acquire);
         Producer {
-            next,
-            // "Full" until the real tail is read: the first push reads it.
-            cached_tail: next.wrapping_sub(u64::from(self.capacity)),
+            next: 0,
+            // "Full" until the real tail is read: the first push reads
+            // (and checks) it.
+            cached_tail: 0u64.wrapping_sub(u64::from(self.capacity)),
             ring: self.clone(),
         }
     }
 
-    /// The consumer end (exactly one process may use it).
+    /// The consumer end of a fresh ring (exactly one process may use it),
+    /// at slot 0.
     pub fn consumer(&self) -> Consumer {
-        let next = self.tail().load(Ordering::Acquire);
         Consumer {
-            next,
+            next: 0,
             ring: self.clone(),
         }
     }
