@@ -367,6 +367,9 @@ struct Raw {
     ch: ShmChannel,
     limits: Limits,
     next: u64,
+    /// Request-ring slots pushed so far: the index of the slot the agent
+    /// reads next (its `tail` may lag: it gives slots back later).
+    pushed: u64,
 }
 
 impl Raw {
@@ -383,6 +386,7 @@ impl Raw {
             ch,
             limits,
             next: 10,
+            pushed: 0,
         })
     }
 
@@ -417,6 +421,7 @@ impl Raw {
             self.ch.send(h, desc).expect("raw send"),
             "request ring full"
         );
+        self.pushed += 1 + desc.len().div_ceil(64) as u64;
     }
 
     fn recv(&mut self) -> (Header, Vec<u8>) {
@@ -806,14 +811,12 @@ fn a_client_scribbling_over_its_whole_arena_loses_only_its_session() {
                     1 => {
                         // Everything, then the mark that publishes the slot
                         // the agent reads next: a garbage header.
-                        let tail = arena
-                            .atomic_u64(l.request_ring + 64)
-                            .load(Ordering::Acquire);
+                        let next = raw.pushed;
                         scribble(&arena, seed);
-                        let slot = (tail % u64::from(l.ring_capacity)) as usize;
+                        let slot = (next % u64::from(l.ring_capacity)) as usize;
                         arena
                             .atomic_u64(l.request_ring + 128 + slot * 64 + 56)
-                            .store(tail + 1, Ordering::Release);
+                            .store(next + 1, Ordering::Release);
                         raw.wake_agent();
                         ("whole arena, a garbage header published", true)
                     }
@@ -900,6 +903,13 @@ fn a_client_that_stops_reading_loses_only_its_session() {
             let input = [desc(DType::U8, &[64], 0)];
             let mut tensors = Vec::new();
             encode_tensor_section(&input, None, &mut tensors);
+            // A receive gives back the slots of what the last one took
+            // (here, nothing arrives): the whole response ring is free.
+            assert!(stuck
+                .ch
+                .try_recv(&stuck.limits)
+                .expect("try_recv")
+                .is_none());
             // Never reading the answers: the response ring fills, the agent
             // waits for room, the request ring fills behind it.
             let first = stuck.next + 1;

@@ -218,12 +218,20 @@ pub struct Model {
 #[must_use = "a ticket's response is discarded unless it is waited for"]
 pub struct Ticket {
     client: Client,
+    sent: Sent,
+    waited: bool,
+}
+
+/// A request on its way: what waiting for its answer needs.
+/// [`Model::infer`] waits on it directly; [`Model::submit`] wraps it in a
+/// [`Ticket`], which holds the client (an `Arc` clone: two atomic
+/// operations a request, saved when the caller waits at once).
+struct Sent {
     id: u64,
     /// Whether the request asked for its timeline (and the client stamps).
     timed: bool,
     start_ns: u64,
     sent_ns: u64,
-    waited: bool,
     /// Shared memory: the arena allocations the request reads, held until
     /// its response has come (outputs that alias them hold them longer).
     pins: Vec<Arc<Allocation>>,
@@ -231,7 +239,7 @@ pub struct Ticket {
 
 impl std::fmt::Debug for Ticket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Ticket({})", self.id)
+        write!(f, "Ticket({})", self.sent.id)
     }
 }
 
@@ -460,7 +468,8 @@ impl Model {
 
     /// Runs the model on `inputs` (in signature order) and waits for the outputs.
     pub fn infer(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
-        self.submit(inputs)?.wait()
+        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline)?;
+        self.client.inner.finish(sent)
     }
 
     /// Like [`infer`](Self::infer), asking for this request's timeline
@@ -468,7 +477,8 @@ impl Model {
     /// trace a sample of their requests (each timed request costs about ten
     /// clock reads, client and agent together).
     pub fn infer_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
-        self.submit_with(inputs, true)?.wait()
+        let sent = self.send_request(inputs, true)?;
+        self.client.inner.finish(sent)
     }
 
     /// Sends a request without waiting; many may be in flight on one client.
@@ -478,11 +488,17 @@ impl Model {
     /// held until the response has come; any other input is copied into the
     /// session's arena once.
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
-        self.submit_with(inputs, self.client.inner.opts.want_timeline)
+        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline)?;
+        Ok(Ticket {
+            client: self.client.clone(),
+            sent,
+            waited: false,
+        })
     }
 
-    /// [`submit`](Self::submit), asking for the timeline if `timed`.
-    fn submit_with(&self, inputs: &[TensorRef<'_>], timed: bool) -> Result<Ticket, ClientError> {
+    /// Checks, places and sends a request, asking for the timeline if
+    /// `timed`.
+    fn send_request(&self, inputs: &[TensorRef<'_>], timed: bool) -> Result<Sent, ClientError> {
         let inner = &self.client.inner;
         let start_ns = stamp_if(timed);
         let sig = &self.info.signature;
@@ -535,10 +551,12 @@ impl Model {
         let (descs, pins) = match shm {
             Some(s) => {
                 let placed = s.place_inputs(inputs)?;
-                inner
-                    .stats
-                    .input
-                    .fetch_add(placed.copied, Ordering::Relaxed);
+                if placed.copied > 0 {
+                    inner
+                        .stats
+                        .input
+                        .fetch_add(placed.copied, Ordering::Relaxed);
+                }
                 (placed.descs, placed.pins)
             }
             None => (
@@ -574,13 +592,11 @@ impl Model {
         }
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         let sent_ns = stamp_if(timed);
-        Ok(Ticket {
-            client: self.client.clone(),
+        Ok(Sent {
             id: h.request_id,
             timed,
             start_ns,
             sent_ns,
-            waited: false,
             pins,
         })
     }
@@ -589,41 +605,48 @@ impl Model {
 impl Ticket {
     /// The request id.
     pub fn id(&self) -> u64 {
-        self.id
+        self.sent.id
     }
 
     /// Waits for this request's response.
     pub fn wait(mut self) -> Result<Response, ClientError> {
         self.waited = true;
-        let pins = std::mem::take(&mut self.pins);
-        let inner = &self.client.inner;
-        let frame = match inner.wait_for(self.id) {
-            Ok(f) => f,
-            Err(e) => {
-                inner.keep_pins(self.id, pins);
-                return Err(e);
-            }
+        let sent = Sent {
+            pins: std::mem::take(&mut self.sent.pins),
+            ..self.sent
         };
-        let received_ns = frame.received_ns;
-        let mut r = inner.response_from(self.id, frame, &pins)?;
-        r.client_start_ns = self.start_ns;
-        r.client_sent_ns = self.sent_ns;
-        r.client_received_ns = received_ns;
-        r.client_done_ns = stamp_if(self.timed);
-        Ok(r)
+        self.client.inner.finish(sent)
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.waited {
-            let pins = std::mem::take(&mut self.pins);
-            self.client.inner.abandon(self.id, pins);
+            let pins = std::mem::take(&mut self.sent.pins);
+            self.client.inner.abandon(self.sent.id, pins);
         }
     }
 }
 
 impl Inner {
+    /// Waits for the response to `sent`.
+    fn finish(&self, sent: Sent) -> Result<Response, ClientError> {
+        let frame = match self.wait_for(sent.id) {
+            Ok(f) => f,
+            Err(e) => {
+                self.keep_pins(sent.id, sent.pins);
+                return Err(e);
+            }
+        };
+        let received_ns = frame.received_ns;
+        let mut r = self.response_from(sent.id, frame, &sent.pins)?;
+        r.client_start_ns = sent.start_ns;
+        r.client_sent_ns = sent.sent_ns;
+        r.client_received_ns = received_ns;
+        r.client_done_ns = stamp_if(sent.timed);
+        Ok(r)
+    }
+
     /// Sends a control message and waits for its answer.
     fn roundtrip(&self, mut h: Header, body: &[u8]) -> Result<Frame, ClientError> {
         h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -29,7 +29,7 @@ use crate::tensor::{Tensor, TensorBytes, TensorRef};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use transport::shm::{Arena, Layout, ShmChannel, ShmError, WaitPolicy};
@@ -389,6 +389,12 @@ pub(crate) struct ShmLink {
     alloc: Arc<RegionAllocator>,
     releases: Arc<ReleaseQueue>,
     shared: Mutex<Shared>,
+    /// Messages ever filed under `shared.completed` (changed with `shared`
+    /// locked). A reader that saw this count with `shared` locked and sees
+    /// it unchanged once it holds the channel knows nobody filed its
+    /// answer in between (senders file while holding the channel), without
+    /// locking `shared` again.
+    filed: AtomicU64,
     cv: Condvar,
     uri: String,
 }
@@ -448,6 +454,7 @@ impl ShmLink {
                     parked: 0,
                     dead: None,
                 }),
+                filed: AtomicU64::new(0),
                 cv: Condvar::new(),
                 uri: uri.to_string(),
             },
@@ -627,6 +634,7 @@ impl ShmLink {
             }
         } else {
             sh.completed.insert(id, (h, desc));
+            self.filed.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -655,14 +663,18 @@ impl ShmLink {
         spin: Duration,
         recv_limits: &Limits,
     ) -> Result<(Header, Vec<u8>), ClientError> {
-        // The first pass reads no clock: a response that comes while this
-        // caller spins (the common case) costs no `clock_gettime`. The
-        // deadline is fixed as soon as anything waits longer.
+        // A response that comes while this caller spins (the common case)
+        // costs no `clock_gettime`: the deadline is fixed only when the
+        // first chunk of waiting ends without it.
         let mut deadline: Option<Instant> = None;
         let mut spun = false;
         let mut sh = lock(&self.shared);
         loop {
-            if let Some(f) = sh.completed.remove(&id) {
+            // (Almost always empty: skip hashing the id.)
+            if let Some(f) = (!sh.completed.is_empty())
+                .then(|| sh.completed.remove(&id))
+                .flatten()
+            {
                 return Ok(f);
             }
             if let Some(d) = &sh.dead {
@@ -692,6 +704,7 @@ impl ShmLink {
                 limit = Some((d - now).min(SLEEP_CHUNK));
             }
             sh.reading = true;
+            let filed = self.filed.load(Ordering::Relaxed);
             drop(sh);
             // Spin only on the first chunk; later chunks go straight to sleep.
             let policy = if spun {
@@ -711,17 +724,15 @@ impl ShmLink {
                 let mut ch = lock(&self.ch);
                 self.releases.flush(&mut ch);
                 // A sender may have taken it off the ring while we waited
-                // for the channel.
-                if lock(&self.shared).completed.contains_key(&id) {
+                // for the channel (and filed something since `filed`).
+                if self.filed.load(Ordering::Relaxed) != filed
+                    && lock(&self.shared).completed.contains_key(&id)
+                {
                     None
                 } else {
                     Some(ch.recv(recv_limits, policy, Some(limit)))
                 }
             };
-            if deadline.is_none() {
-                // The first chunk began about `limit` ago at most.
-                deadline = Some(Instant::now() + timeout.saturating_sub(limit));
-            }
             sh = lock(&self.shared);
             sh.reading = false;
             match r {
@@ -736,6 +747,10 @@ impl ShmLink {
                 Some(Err(e)) => self.mark_dead(&mut sh, e),
             }
             self.wake(&sh);
+            if deadline.is_none() {
+                // The first chunk began about `limit` ago at most.
+                deadline = Some(Instant::now() + timeout.saturating_sub(limit));
+            }
         }
     }
 

@@ -362,6 +362,9 @@ impl ShmChannel {
     /// Takes the next message if one is there. Its header is checked
     /// against `limits` before its descriptor slots are read.
     pub fn try_recv(&mut self, limits: &Limits) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
+        // What the last receive took is answered by now (or never will be
+        // by this call's caller): its slots go back first.
+        self.rx.give_back();
         let Some(first) = self.rx.peek() else {
             return Ok(None);
         };

@@ -21,6 +21,17 @@
 //! publishes `tail`, so a stale slot of an earlier lap can never carry the
 //! mark the consumer waits for, whatever bytes a body left in it.
 //!
+//! It gives consumed slots back later, not at once:
+//! [`Consumer::consume`] only copies the message out, and
+//! [`Consumer::give_back`] clears the marks and publishes `tail` for
+//! everything consumed since. The channel gives back at the start of each
+//! receive, that is, after the side has answered what it took. Clearing a
+//! mark writes a line the peer shares, and the next atomic read-modify-write
+//! (a lock, a counter) waits for that write to reach the peer: done at
+//! once, it put a cross-core round trip between taking a request and
+//! answering it. The producer sees at most the messages consumed since the
+//! last receive as still in use.
+//!
 //! The producer keeps its own count and caches the consumer's `tail`,
 //! reading the shared one only when the cached value says the ring is full;
 //! the `tail` it reads is checked (a distance over the capacity means the
@@ -118,6 +129,7 @@ impl Ring {
     pub fn consumer(&self) -> Consumer {
         Consumer {
             next: 0,
+            given: 0,
             ring: self.clone(),
         }
     }
@@ -128,7 +140,9 @@ impl Ring {
 
     /// The 8 words of the slot `index` maps to.
     fn slot(&self, index: u64) -> &[AtomicU64] {
-        let slot = (index % u64::from(self.capacity)) as usize;
+        // A mask, not `%`: the capacity is a power of two, and a 64-bit
+        // division costs tens of cycles on every slot access.
+        let slot = (index & u64::from(self.capacity - 1)) as usize;
         self.arena
             .atomic_u64s(self.offset + SLOTS + slot * SLOT_LEN, SLOT_LEN / 8)
     }
@@ -211,6 +225,9 @@ impl Producer {
 pub struct Consumer {
     ring: Ring,
     next: u64,
+    /// Slots before this one are given back (`tail`); `given..next` are
+    /// consumed and still marked.
+    given: u64,
 }
 
 impl Consumer {
@@ -235,8 +252,8 @@ impl Consumer {
     }
 
     /// Consumes the peeked message with a body of `body_slots` slots, whose
-    /// first `body_len` bytes are appended to `body`; the slots go back to
-    /// the producer.
+    /// first `body_len` bytes are appended to `body`. Its slots go back to
+    /// the producer at the next [`give_back`](Self::give_back).
     pub fn consume(
         &mut self,
         body_slots: usize,
@@ -258,21 +275,35 @@ impl Consumer {
             }
         }
         body.truncate(body.len() - (body_slots * SLOT_LEN - body_len));
-        // Clear the marks before giving the slots back (see the module docs).
-        for i in 0..n {
-            r.slot(self.next.wrapping_add(i))[MARK].store(0, Ordering::Relaxed);
-        }
         self.next = self.next.wrapping_add(n);
-        r.tail().store(self.next, Ordering::Release);
         Ok(())
     }
 
-    /// Takes the next message if it is published and has no body.
+    /// Gives every slot consumed so far back to the producer: clears their
+    /// marks (see the module docs), then publishes `tail`. Cheap when there
+    /// is nothing to give back.
+    pub fn give_back(&mut self) {
+        if self.given == self.next {
+            return;
+        }
+        let r = &self.ring;
+        let mut i = self.given;
+        while i != self.next {
+            r.slot(i)[MARK].store(0, Ordering::Relaxed);
+            i = i.wrapping_add(1);
+        }
+        self.given = self.next;
+        r.tail().store(self.next, Ordering::Release);
+    }
+
+    /// Takes the next message if it is published and has no body, and
+    /// gives its slot back at once.
     pub fn pop(&mut self) -> Result<Option<[u8; SLOT_LEN]>, RingError> {
         let Some(first) = self.peek() else {
             return Ok(None);
         };
         self.consume(0, 0, &mut Vec::new())?;
+        self.give_back();
         Ok(Some(first))
     }
 }
@@ -363,6 +394,7 @@ mod tests {
             let slots = len.div_ceil(SLOT_LEN);
             let mut body = Vec::new();
             c.consume(slots, len, &mut body).unwrap();
+            c.give_back();
             assert_eq!(body.len(), len);
             assert!(body
                 .chunks(8)
@@ -370,6 +402,39 @@ mod tests {
             sent += 1 + slots as u64;
             assert!(c.peek().is_none(), "message {i}: nothing else is published");
         }
+    }
+
+    #[test]
+    fn consumed_slots_return_only_when_given_back() {
+        let (a, b) = ring(4);
+        let (mut p, mut c) = (a.producer(), b.consumer());
+        assert!(push_with_body(&mut p, 0, 64, 0));
+        assert!(p.push(&slot(1)).unwrap());
+        let mut body = Vec::new();
+        assert!(c.peek().is_some());
+        c.consume(1, 64, &mut body).unwrap();
+        assert_eq!(
+            c.peek(),
+            Some(slot(1)),
+            "the next message is readable at once"
+        );
+        c.consume(0, 0, &mut body).unwrap();
+        // Consumed but not given back: still the consumer's, still marked.
+        assert!(p.push(&slot(2)).unwrap());
+        assert!(
+            !p.push(&slot(3)).unwrap(),
+            "3 slots consumed, none given back"
+        );
+        assert_ne!(a.slot(0)[MARK].load(Ordering::Relaxed), 0);
+        c.give_back();
+        assert_eq!(a.tail().load(Ordering::Relaxed), 3);
+        assert!((0..3).all(|i| a.slot(i)[MARK].load(Ordering::Relaxed) == 0));
+        assert!(p.push(&slot(3)).unwrap());
+        // Giving back twice gives nothing more.
+        c.give_back();
+        assert_eq!(a.tail().load(Ordering::Relaxed), 3);
+        assert_eq!(c.pop().unwrap(), Some(slot(2)));
+        assert_eq!(c.pop().unwrap(), Some(slot(3)));
     }
 
     #[test]
