@@ -11,7 +11,7 @@
 //! [`crate::shm`].
 
 use crate::error::ClientError;
-use crate::ids::{IdMap, IdSet};
+use crate::ids::{IdMap, IdSet, PendingIds};
 use crate::shm::{Allocation, ShmLink};
 use crate::tensor::{Tensor, TensorBuf, TensorBytes, TensorRef};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -163,7 +163,7 @@ struct Shared {
     reading: bool,
     dead: Option<String>,
     /// Ids of requests sent and not yet answered (control messages excluded).
-    pending: IdSet,
+    pending: PendingIds,
 }
 
 struct StreamLink {
@@ -292,7 +292,7 @@ impl Client {
                         abandoned: IdSet::default(),
                         reading: false,
                         dead: None,
-                        pending: IdSet::default(),
+                        pending: PendingIds::default(),
                     }),
                     cv: Condvar::new(),
                 }))
@@ -685,7 +685,7 @@ impl Inner {
                         if sh.pending.len() >= self.limits.max_in_flight as usize {
                             return Err(ClientError::TooManyInFlight(self.limits.max_in_flight));
                         }
-                        sh.pending.insert(h.request_id);
+                        sh.pending.push(h.request_id);
                     }
                 }
                 let w = lock(&s.writer);
@@ -737,7 +737,7 @@ impl Inner {
             }
             Ok(f) => {
                 let id = f.header.request_id;
-                sh.pending.remove(&id);
+                sh.pending.remove(id);
                 if !sh.abandoned.remove(&id) {
                     sh.completed.insert(id, f);
                 }
@@ -824,7 +824,7 @@ impl Inner {
             sh.reading = false;
             match r {
                 Ok(f) if f.header.request_id == id && id != 0 => {
-                    sh.pending.remove(&id);
+                    sh.pending.remove(id);
                     // Another waiter may be parked until the reader role is free.
                     s.cv.notify_all();
                     return Ok(f);
@@ -843,7 +843,7 @@ impl Inner {
             Link::Shm(s) => s.abandon(id, pins),
             Link::Stream(s) => {
                 let mut sh = lock(&s.shared);
-                if sh.completed.remove(&id).is_none() && sh.pending.contains(&id) {
+                if sh.completed.remove(&id).is_none() && sh.pending.contains(id) {
                     sh.abandoned.insert(id);
                 }
             }

@@ -24,7 +24,7 @@
 //! chunks, and files others' responses under their ids.
 
 use crate::error::ClientError;
-use crate::ids::{IdMap, IdSet};
+use crate::ids::{IdMap, PendingIds};
 use crate::tensor::{Tensor, TensorBytes, TensorRef};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -303,11 +303,17 @@ impl ReleaseQueue {
     }
 
     /// Sends the queued releases the ring has room for (the channel lock is
-    /// held by the caller); the rest wait for the next flush.
+    /// held by the caller); the rest wait for the next flush. Every send
+    /// and wait calls it, and almost always there is nothing to flush.
+    #[inline]
     fn flush(&self, ch: &mut ShmChannel) {
-        if self.queued.load(Ordering::Acquire) == 0 {
-            return;
+        if self.queued.load(Ordering::Acquire) != 0 {
+            self.flush_queued(ch);
         }
+    }
+
+    #[cold]
+    fn flush_queued(&self, ch: &mut ShmChannel) {
         let ids = {
             let mut q = lock(&self.ids);
             self.queued.store(0, Ordering::Release);
@@ -374,7 +380,7 @@ struct Shared {
     /// agent may be reading them until then.
     abandoned: IdMap<Vec<Arc<Allocation>>>,
     /// Requests sent and not yet answered.
-    pending: IdSet,
+    pending: PendingIds,
     reading: bool,
     /// Callers parked on the condvar (no wake-up syscall when there are none).
     parked: usize,
@@ -449,7 +455,7 @@ impl ShmLink {
                 shared: Mutex::new(Shared {
                     completed: IdMap::default(),
                     abandoned: IdMap::default(),
-                    pending: IdSet::default(),
+                    pending: PendingIds::default(),
                     reading: false,
                     parked: 0,
                     dead: None,
@@ -533,12 +539,12 @@ impl ShmLink {
                 if sh.pending.len() >= max_in_flight as usize {
                     return Err(ClientError::TooManyInFlight(max_in_flight));
                 }
-                sh.pending.insert(h.request_id);
+                sh.pending.push(h.request_id);
             }
         }
         let r = self.send_locked(h, desc, recv_limits, timeout);
         if r.is_err() && is_request {
-            lock(&self.shared).pending.remove(&h.request_id);
+            lock(&self.shared).pending.remove(h.request_id);
         }
         r
     }
@@ -626,7 +632,7 @@ impl ShmLink {
             return;
         }
         let id = h.request_id;
-        sh.pending.remove(&id);
+        sh.pending.remove(id);
         if let Some(pins) = sh.abandoned.remove(&id) {
             drop(pins);
             if self.needs_release(&h, &desc) {
@@ -739,7 +745,7 @@ impl ShmLink {
                 None | Some(Err(ShmError::TimedOut)) => {}
                 Some(Ok(m)) if m.0.request_id == id && id != 0 => {
                     // Ours (the common case): straight back to the caller.
-                    sh.pending.remove(&id);
+                    sh.pending.remove(id);
                     self.wake(&sh);
                     return Ok(m);
                 }
@@ -763,7 +769,7 @@ impl ShmLink {
             if self.needs_release(&h, &desc) {
                 self.releases.push(id);
             }
-        } else if sh.pending.contains(&id) {
+        } else if sh.pending.contains(id) {
             sh.abandoned.entry(id).or_default().extend(pins);
         }
     }

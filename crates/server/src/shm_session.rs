@@ -407,30 +407,38 @@ impl<'a> Session<'a> {
     /// The session cannot go on: say why (request id 0) if the ring takes
     /// it soon, then the caller closes.
     fn fatal(&mut self, status: Status, message: &str) {
-        let r = self.core.fail(Reply::error(0, status, message));
-        let fitted = self.fit(&r);
+        let mut r = self.core.fail(Reply::error(0, status, message));
+        if !self.fits(&r) {
+            r = self.refit(&r);
+        }
         let stall = self.stall.min(Duration::from_millis(100));
-        let _ = self.publish(fitted.as_ref().unwrap_or(&r), stall);
+        let _ = self.publish(&r, stall);
     }
 
     /// Publishes `reply`, waiting (up to `stall_timeout`) for room in the
     /// response ring. False when the session must end.
     fn send(&mut self, reply: &Reply) -> bool {
-        let fitted = self.fit(reply);
-        let r = fitted.as_ref().unwrap_or(reply);
-        self.publish(r, self.stall)
+        if self.fits(reply) {
+            self.publish(reply, self.stall)
+        } else {
+            let r = self.refit(reply);
+            self.publish(&r, self.stall)
+        }
     }
 
-    /// `None` if `reply` fits the response ring as it is; else a reply that
-    /// does (a truncated error, or an error saying the reply was too big).
-    fn fit(&self, reply: &Reply) -> Option<Reply> {
+    /// Whether `reply` fits the response ring as it is.
+    fn fits(&self, reply: &Reply) -> bool {
+        reply.desc.len() <= (self.layout.ring_capacity as usize - 1) * SLOT_LEN
+    }
+
+    /// A reply that fits the response ring in place of `reply`, which does
+    /// not: a truncated error, or an error saying the reply was too big.
+    #[cold]
+    fn refit(&self, reply: &Reply) -> Reply {
         let cap = self.layout.ring_capacity as usize;
         let room = (cap - 1) * SLOT_LEN;
-        if reply.desc.len() <= room {
-            return None;
-        }
         let id = reply.header.request_id;
-        Some(if reply.header.kind == Kind::Error {
+        if reply.header.kind == Kind::Error {
             let msg = String::from_utf8_lossy(&reply.desc);
             let mut end = room.min(msg.len());
             while !msg.is_char_boundary(end) {
@@ -448,14 +456,23 @@ impl<'a> Session<'a> {
                     reply.desc.len() + wire::HEADER_LEN
                 ),
             ))
-        })
+        }
     }
 
     fn publish(&mut self, r: &Reply, stall: Duration) -> bool {
+        match self.ch.send(&r.header, &r.desc) {
+            Ok(true) => true,
+            Ok(false) => self.publish_when_room(r, stall),
+            Err(_) => false,
+        }
+    }
+
+    /// The response ring was full: retry until the client makes room, or
+    /// give up on it after `stall`.
+    #[cold]
+    fn publish_when_room(&mut self, r: &Reply, stall: Duration) -> bool {
         let mut pause = Duration::from_micros(20);
         let mut tries = 0u32;
-        // Read the clock only once the ring has been found full: a publish
-        // that goes through at once (the common case) costs no clock read.
         let mut deadline: Option<Instant> = None;
         loop {
             match self.ch.send(&r.header, &r.desc) {

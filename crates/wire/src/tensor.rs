@@ -232,18 +232,19 @@ pub fn decode_tensor_section_in(
                 header.payload_len
             )));
         }
-        let mut ranges: Vec<(u64, u64)> = tensors
-            .iter()
-            .map(|t| (t.offset, t.offset + t.len))
-            .collect();
-        if ranges.len() > 1 {
+        // Overlap takes two tensors (and sorting a copy of their ranges).
+        if tensors.len() > 1 {
+            let mut ranges: Vec<(u64, u64)> = tensors
+                .iter()
+                .map(|t| (t.offset, t.offset + t.len))
+                .collect();
             ranges.sort_unstable();
-        }
-        if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
-            return Err(WireError::malformed(format!(
-                "tensors at {} and {} overlap",
-                w[0].0, w[1].0
-            )));
+            if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+                return Err(WireError::malformed(format!(
+                    "tensors at {} and {} overlap",
+                    w[0].0, w[1].0
+                )));
+            }
         }
     }
     let timeline = if header.flags & flags::HAS_TIMELINE != 0 {
