@@ -7,11 +7,16 @@
 //!
 //! One pass over the lines is one repeat; a row's latencies are the lines'
 //! end-to-end times (tokenize + request + response) after the first
-//! [`classifier::WARMUP_LINES`] of each pass.
+//! [`classifier::WARMUP_LINES`] of each pass. Machine noise is measured
+//! over each pass as for every other row (`/proc/stat` against this
+//! process and the agents it reaped). CPU per line is not reported: a pass
+//! starts its own agent, and loading the model costs more CPU than the
+//! hundred lines do.
 
 use crate::caller::BenchError;
 use crate::console::Console;
 use crate::hist::{LatencyHist, StageHists, CDF_QUANTILES};
+use crate::resources;
 use crate::results::Row;
 use crate::stats::spread;
 use crate::suite::ClassifierPart;
@@ -75,6 +80,7 @@ pub fn run(
         ));
     }
     let mut reports: Vec<Vec<RunReport>> = configs.iter().map(|_| Vec::new()).collect();
+    let mut noises: Vec<Vec<f64>> = configs.iter().map(|_| Vec::new()).collect();
     for rep in 0..part.repeats {
         for (i, (name, spec)) in configs.iter().enumerate() {
             console.begin(&format!(
@@ -83,16 +89,27 @@ pub fn run(
                 rep + 1,
                 part.repeats
             ));
+            let sys0 = resources::SystemCpu::snapshot()?;
+            let own0 = resources::self_cpu_ns() + resources::reaped_children_cpu_ns()?;
+            let t0 = std::time::Instant::now();
             let r = match spec {
                 None => compare::run_local(&w),
                 Some(s) => compare::run_config(s, &w),
             }
             .map_err(e)?;
+            let elapsed = t0.elapsed();
+            // The agent of a pass is a child this process reaped by now.
+            let own = (resources::self_cpu_ns() + resources::reaped_children_cpu_ns()?)
+                .saturating_sub(own0);
+            let sys1 = resources::SystemCpu::snapshot()?;
+            if elapsed >= crate::measure::NOISE_MIN {
+                noises[i].push(resources::noise_cpu_pct(&sys0, &sys1, own, elapsed));
+            }
             reports[i].push(r);
         }
     }
     let mut rows = Vec::new();
-    for ((name, spec), reps) in configs.iter().zip(&reports) {
+    for (((name, spec), reps), noise) in configs.iter().zip(&reports).zip(&noises) {
         // Every configuration must give local's predictions and logits.
         if let Some(diff) = reps
             .iter()
@@ -102,7 +119,7 @@ pub fn run(
                 "classifier over {name} differs from local: {diff}"
             )));
         }
-        let row = to_row(suite, name, spec.is_some(), reps);
+        let row = to_row(suite, name, spec.is_some(), reps, noise);
         console.row(&row);
         rows.push(row);
         console.progress(done_before + rows.len());
@@ -110,7 +127,7 @@ pub fn run(
     Ok(rows)
 }
 
-fn to_row(suite: &str, name: &str, remote: bool, reps: &[RunReport]) -> Row {
+fn to_row(suite: &str, name: &str, remote: bool, reps: &[RunReport], noises: &[f64]) -> Row {
     let hists: Vec<LatencyHist> = reps
         .iter()
         .map(|r| {
@@ -131,6 +148,19 @@ fn to_row(suite: &str, name: &str, remote: bool, reps: &[RunReport]) -> Row {
         merged.merge(h);
     }
     let requests: u64 = hists.iter().map(LatencyHist::count).sum();
+    let (noise, _, noise_max) = if noises.is_empty() {
+        (0.0, 0.0, 0.0)
+    } else {
+        spread(noises)
+    };
+    let mut note = String::from(
+        "tokenize + request + response per line (unpinned); tensor bytes vary by line",
+    );
+    if noise_max > 25.0 {
+        note.push_str(&format!(
+            "; noisy: other processes used up to {noise_max:.0}% of a core"
+        ));
+    }
     Row {
         suite: suite.into(),
         target: if remote {
@@ -162,7 +192,7 @@ fn to_row(suite: &str, name: &str, remote: bool, reps: &[RunReport]) -> Row {
         agent_rss_kib: None,
         stages: StageHists::new().stats(),
         cdf: merged.cdf(CDF_QUANTILES),
-        noise_cpu_pct: 0.0,
-        note: "tokenize + request + response per line (unpinned); tensor bytes vary by line".into(),
+        noise_cpu_pct: noise,
+        note,
     }
 }

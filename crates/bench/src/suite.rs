@@ -47,8 +47,12 @@ pub struct Part {
 pub enum LoadSpec {
     /// A fixed load.
     Fixed(Load),
-    /// Open loop at `fraction` × the target's own capacity (its closed-loop
-    /// one-client throughput, measured first), with `connections` workers.
+    /// Open loop at `fraction` × the target's own capacity, with
+    /// `connections` workers. The capacity is measured first, closed loop
+    /// with as many clients as the sweep has connections: what the target
+    /// sustains over that many connections, so the knee falls near 1.0
+    /// (with one client, targets that serve connections in parallel had
+    /// no knee within the sweep).
     OfCapacity {
         /// Fraction of capacity.
         fraction: f64,
@@ -185,13 +189,18 @@ fn measure_part(
     console: &mut Console,
     rows: &mut Vec<Row>,
 ) -> Result<(), BenchError> {
-    // Capacity (closed loop, one client) of each target, when a load needs it.
+    // Capacity (closed loop, one client per connection of the sweep) of
+    // each target, when a load needs it.
     let mut capacity: Vec<Option<f64>> = vec![None; running.len()];
-    if part
+    let probe_clients = part
         .loads
         .iter()
-        .any(|l| matches!(l, LoadSpec::OfCapacity { .. }))
-    {
+        .filter_map(|l| match l {
+            LoadSpec::OfCapacity { connections, .. } => Some(*connections),
+            LoadSpec::Fixed(_) => None,
+        })
+        .max();
+    if let Some(clients) = probe_clients {
         for (i, t) in running.iter().enumerate() {
             if t.factory.is_none() {
                 continue;
@@ -202,7 +211,7 @@ fn measure_part(
                 duration: Some(part.bounds.duration.unwrap_or(Duration::from_secs(1))),
                 requests: None,
             };
-            let r = measure::measure_once(t, &Load::Closed { clients: 1 }, &probe, env)?;
+            let r = measure::measure_once(t, &Load::Closed { clients }, &probe, env)?;
             capacity[i] = Some(r.throughput_rps);
         }
     }
@@ -432,7 +441,6 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
         parts: workloads
             .into_iter()
             .map(|w| Part {
-                workload: w,
                 targets: target::targets(&nets, &[]),
                 loads: fractions
                     .iter()
@@ -443,10 +451,20 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
                     })
                     .collect(),
                 bounds: Bounds {
-                    warmup: if quick { 20 } else { 200 },
+                    // Per connection, before every repeat. A model needs a
+                    // few runs to be warm, and 4 connections × 200 runs of
+                    // MobileNetV2 queued behind one engine took 5 s a
+                    // repeat: more than the measurement (the suite ran
+                    // 736 s, over its 10 minutes).
+                    warmup: match (&w, quick) {
+                        (_, true) => 20,
+                        (Workload::Identity { .. }, false) => 200,
+                        (_, false) => 5,
+                    },
                     duration: Some(Duration::from_millis(if quick { 300 } else { 1200 })),
                     requests: None,
                 },
+                workload: w,
                 repeats: 3,
             })
             .collect(),

@@ -638,7 +638,7 @@ pub fn stage_sample(
     done: u64,
 ) -> Option<StageSample> {
     use wire::Stage as W;
-    let points = [
+    let mut points = [
         start,
         sent,
         tl.get(W::Received),
@@ -651,6 +651,15 @@ pub fn stage_sample(
     ];
     if points.contains(&0) {
         return None;
+    }
+    // A point later than the next one is clamped to it, from the end
+    // back: over `inproc://` the client's "sent" stamp comes after the
+    // agent has run the request on the caller's thread (and over shm the
+    // agent may read a message before the client stamps it sent). Without
+    // this the agent's time would be counted twice, once inside client
+    // send, and the stages would add up to more than the round trip.
+    for i in (0..points.len() - 1).rev() {
+        points[i] = points[i].min(points[i + 1]);
     }
     let mut s = StageSample::default();
     for (i, w) in points.windows(2).enumerate() {
@@ -731,5 +740,17 @@ mod tests {
         assert_eq!(s.get(Stage::ClientSend), 5);
         assert_eq!(s.get(Stage::ClientReceive), 10);
         assert!(stage_sample(100, 0, &tl, 170, 180).is_none());
+    }
+
+    #[test]
+    fn a_synchronous_send_is_not_counted_twice() {
+        // inproc: the agent ran 110..160 inside the client's send, which
+        // the client stamped done at 165.
+        let tl = wire::Timeline::from_stamps([110, 120, 130, 140, 150, 160]);
+        let s = stage_sample(100, 165, &tl, 170, 180).expect("complete");
+        assert_eq!(s.0.iter().sum::<u64>(), 80, "the stages are the round trip");
+        assert_eq!(s.get(Stage::ClientSend), 10, "until the agent had it");
+        assert_eq!(s.get(Stage::ToAgent), 0);
+        assert_eq!(s.get(Stage::Compute), 10);
     }
 }
