@@ -3,15 +3,15 @@
 //! must produce a well-formed `results.json` whose figures are positive and
 //! plausible, plus `results.csv`, `report.md` and plots.
 
-use common::tensorwire_bin;
+use common::tensorwire_command;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Runs `tensorwire bench ARGS --out DIR --quiet` and returns results.json.
 fn run_bench(args: &[&str], dir: &Path, limit: Duration) -> Value {
-    let mut child = Command::new(tensorwire_bin())
+    let mut child = tensorwire_command()
         .arg("bench")
         .args(args)
         .arg("--out")
@@ -231,7 +231,7 @@ fn bad_arguments_are_clear_errors() {
         (vec!["--rate", "0"], "rate"),
         (vec!["--model", "/nonexistent.onnx"], "not a file"),
     ] {
-        let out = Command::new(tensorwire_bin())
+        let out = tensorwire_command()
             .arg("bench")
             .args(&args)
             .args(["--duration", "0.1", "--quiet"])

@@ -11,9 +11,9 @@
 
 use classifier::compare::{self, Workload};
 use classifier::{agents::AgentSpec, run, Labels, TextTokenizer};
-use common::{built, repo_root, tensorwire_bin, within, ServeProcess};
+use common::{built, repo_root, tensorwire_bin, tensorwire_command, within, ServeProcess};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -53,7 +53,6 @@ static RUN_SEQ: AtomicU64 = AtomicU64::new(0);
 /// Runs the binary with `args` in directory `cwd`; then checks that no
 /// process it started is still running (no agent left behind).
 fn run_in(cwd: &Path, args: &[&str]) -> (ExitStatus, String, String) {
-    let bin = tensorwire_bin();
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let cwd = cwd.to_path_buf();
     let what = format!("tensorwire {} (in {})", args.join(" "), cwd.display());
@@ -64,7 +63,7 @@ fn run_in(cwd: &Path, args: &[&str]) -> (ExitStatus, String, String) {
     );
     let env_mark = mark.clone();
     let result = within(LIMIT, &what.clone(), move || {
-        let out = Command::new(bin)
+        let out = tensorwire_command()
             .args(&args)
             .current_dir(&cwd)
             .env(MARK_VAR, env_mark)

@@ -35,11 +35,11 @@
 
 use client::{Client, ClientError, ClientOptions, Model, TensorBuf, TensorRef};
 use common::{
-    digits_expected, digits_input, digits_model, pattern, shm_dir, tensorwire_bin, wait_until,
+    digits_expected, digits_input, digits_model, pattern, shm_dir, tensorwire_command, wait_until,
     within, ServeProcess,
 };
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -182,7 +182,7 @@ struct Kid {
 impl Kid {
     fn spawn(args: &[&str]) -> Kid {
         shm_dir();
-        let child = Command::new(tensorwire_bin())
+        let child = tensorwire_command()
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

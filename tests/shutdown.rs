@@ -248,6 +248,38 @@ fn sigterm_and_sigint_stop_the_binary_cleanly() {
                 Duration::from_secs(30),
             );
             assert!(status.success(), "tensorwire ping: {status}\n{out}\n{err}");
+            // Ping/Pong control messages: the message path without a model.
+            let (status, out, err) = common::run_bin(
+                &[
+                    "ping",
+                    "--connect",
+                    &p.uris[1],
+                    "--control",
+                    "-n",
+                    "40",
+                    "--warmup",
+                    "3",
+                    "--json",
+                ],
+                Duration::from_secs(30),
+            );
+            assert!(status.success(), "ping --control: {status}\n{out}\n{err}");
+            let v: serde_json::Value = serde_json::from_str(out.trim())
+                .unwrap_or_else(|e| panic!("ping --control --json: {e}: {out}"));
+            assert_eq!(v["count"], 40, "{v}");
+            assert_eq!(v["control"], true, "{v}");
+            assert_eq!(v["message_bytes"], 64, "a Ping is a bare header: {v}");
+            assert!(v["p50_us"].as_f64().is_some_and(|p| p > 0.0), "{v}");
+            assert!(v.get("model").is_none(), "no model was called: {v}");
+            // Without an agent there is nothing to answer a Ping.
+            let (status, _, err) = common::run_bin(
+                &["ping", "--connect", "local", "--control", "-n", "1"],
+                Duration::from_secs(30),
+            );
+            assert!(
+                !status.success() && err.contains("--control needs an agent"),
+                "{err}"
+            );
             // Clients that stay connected must not hold the agent up, nor
             // one that never said Hello.
             let idle = connect(&p.uris[0]);

@@ -668,6 +668,31 @@ pub fn request_from_descs(
 // ---------------------------------------------------------------------------
 // The `tensorwire` binary
 
+/// A command running the `tensorwire` binary ([`tensorwire_bin`]) that
+/// cannot outlive this test process: the child gets SIGKILL when the thread
+/// that started it ends (`PR_SET_PDEATHSIG`). A test that times out leaves
+/// its thread blocked (see [`within`]), and without this its agents kept
+/// running, spinning on a core, after the test binary exited, and skewed
+/// whatever ran next. Start children on the thread that owns them (a test
+/// body, or [`within`]'s thread), not on a short-lived helper thread.
+pub fn tensorwire_command() -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(tensorwire_bin());
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes one async-signal-safe system call (prctl), touching no memory
+    // of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
+    }
+    cmd
+}
+
 /// The `tensorwire` binary of this build profile, built once per test
 /// process with `cargo build -p tensorwire-cli` (a no-op when up to date).
 pub fn tensorwire_bin() -> PathBuf {
@@ -744,11 +769,10 @@ fn build_bin() -> Result<PathBuf, String> {
 /// Runs the binary with `args` to completion (bounded by `limit`);
 /// returns (status, stdout, stderr).
 pub fn run_bin(args: &[&str], limit: Duration) -> (ExitStatus, String, String) {
-    let bin = tensorwire_bin();
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let what = format!("tensorwire {}", args.join(" "));
     within(limit, &what.clone(), move || {
-        let out = Command::new(bin)
+        let out = tensorwire_command()
             .args(&args)
             .stdin(Stdio::null())
             .output()
@@ -789,7 +813,6 @@ impl ServeProcess {
     /// Like [`ServeProcess::spawn`], listening on `<dir>/s.sock` (which may
     /// be left over from an agent that died).
     pub fn spawn_in(dir: &Path, extra: &[&str]) -> ServeProcess {
-        let bin = tensorwire_bin();
         let sock_path = dir.join("s.sock");
         let stderr_path = dir.join(format!(
             "stderr-{}.log",
@@ -797,7 +820,7 @@ impl ServeProcess {
         ));
         let stderr = std::fs::File::create(&stderr_path).expect("stderr log");
         let unix = format!("unix://{}", sock_path.display());
-        let mut cmd = Command::new(bin);
+        let mut cmd = tensorwire_command();
         cmd.arg("serve")
             .arg("--listen")
             .arg(&unix)

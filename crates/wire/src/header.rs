@@ -141,6 +141,8 @@ impl Header {
     /// Decodes a header, checking magic, version, kind, flags, status and the
     /// reserved bytes. Lengths are checked separately by [`Header::check_limits`].
     pub fn decode(bytes: &[u8]) -> Result<Header, WireError> {
+        // Every message pays for this function, so its failures are built
+        // out of line (`bad_header`): the checks stay a few compares.
         need("header", bytes, HEADER_LEN)?;
         let magic: [u8; 4] = [bytes[0], bytes[1], bytes[2], bytes[3]];
         if magic != MAGIC {
@@ -152,11 +154,6 @@ impl Header {
         }
         let kind = Kind::from_code(bytes[6])?;
         let flags = bytes[7];
-        if flags & !flags::KNOWN != 0 {
-            return Err(WireError::malformed(format!(
-                "unknown flag bits {flags:#04x}"
-            )));
-        }
         // WANT_TIMELINE belongs on requests and HAS_TIMELINE on responses only:
         // a HAS_TIMELINE request would make the receiver expect a timeline in
         // the client's descriptor section.
@@ -166,9 +163,7 @@ impl Header {
             _ => 0,
         };
         if flags & !allowed != 0 {
-            return Err(WireError::malformed(format!(
-                "flag bits {flags:#04x} are not valid on {kind:?}"
-            )));
+            return Err(bad_header(BadHeader::Flags(kind, flags)));
         }
         let u32_at =
             |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
@@ -194,18 +189,10 @@ impl Header {
             payload_len: u64_at(32),
         };
         if !kind.carries_tensors() && (h.tensor_count != 0 || h.payload_len != 0) {
-            return Err(WireError::malformed(format!(
-                "{kind:?} carries no tensors but declares {} tensors and {} payload bytes",
-                h.tensor_count, h.payload_len
-            )));
+            return Err(bad_header(BadHeader::Tensors(&h)));
         }
-        if kind != Kind::Error && status != Status::Ok {
-            return Err(WireError::malformed(format!(
-                "{kind:?} with non-zero status {status}"
-            )));
-        }
-        if kind == Kind::Error && status == Status::Ok {
-            return Err(WireError::malformed("Error message with status ok"));
+        if (kind == Kind::Error) == (status == Status::Ok) {
+            return Err(bad_header(BadHeader::Status(kind, status)));
         }
         Ok(h)
     }
@@ -231,6 +218,37 @@ impl Header {
             limits.max_desc_len.into(),
         )?;
         over("payload length", self.payload_len, limits.max_payload)
+    }
+}
+
+/// What [`Header::decode`] found wrong, turned into its error out of line.
+enum BadHeader<'a> {
+    /// Flag bits unknown, or not valid on this kind.
+    Flags(Kind, u8),
+    /// Tensors declared by a kind that carries none.
+    Tensors(&'a Header),
+    /// A status on a kind that is not Error, or an Error with status ok.
+    Status(Kind, Status),
+}
+
+#[cold]
+#[inline(never)]
+fn bad_header(bad: BadHeader<'_>) -> WireError {
+    match bad {
+        BadHeader::Flags(_, flags) if flags & !flags::KNOWN != 0 => {
+            WireError::malformed(format!("unknown flag bits {flags:#04x}"))
+        }
+        BadHeader::Flags(kind, flags) => {
+            WireError::malformed(format!("flag bits {flags:#04x} are not valid on {kind:?}"))
+        }
+        BadHeader::Tensors(h) => WireError::malformed(format!(
+            "{:?} carries no tensors but declares {} tensors and {} payload bytes",
+            h.kind, h.tensor_count, h.payload_len
+        )),
+        BadHeader::Status(Kind::Error, _) => WireError::malformed("Error message with status ok"),
+        BadHeader::Status(kind, status) => {
+            WireError::malformed(format!("{kind:?} with non-zero status {status}"))
+        }
     }
 }
 
@@ -282,6 +300,42 @@ mod tests {
         let mut b = good;
         b[28] = 99;
         assert_eq!(Header::decode(&b), Err(WireError::UnknownStatus(99)));
+    }
+
+    #[test]
+    fn each_bad_header_says_what_is_wrong() {
+        let text = |h: &Header, b: Option<(usize, u8)>| {
+            let mut bytes = h.encode();
+            if let Some((i, v)) = b {
+                bytes[i] = v;
+            }
+            match Header::decode(&bytes) {
+                Err(WireError::Malformed(m)) => m,
+                other => panic!("expected Malformed, got {other:?}"),
+            }
+        };
+        let req = Header::new(Kind::Request);
+        assert_eq!(text(&req, Some((7, 0x80))), "unknown flag bits 0x80");
+        assert_eq!(
+            text(&req, Some((7, flags::HAS_TIMELINE))),
+            "flag bits 0x02 are not valid on Request"
+        );
+        let mut ping = Header::new(Kind::Ping);
+        ping.tensor_count = 1;
+        assert_eq!(
+            text(&ping, None),
+            "Ping carries no tensors but declares 1 tensors and 0 payload bytes"
+        );
+        let mut resp = Header::new(Kind::Response);
+        resp.status = Status::EngineError;
+        assert_eq!(
+            text(&resp, None),
+            format!("Response with non-zero status {}", Status::EngineError)
+        );
+        assert_eq!(
+            text(&Header::new(Kind::Error), None),
+            "Error message with status ok"
+        );
     }
 
     #[test]

@@ -140,17 +140,66 @@ pub fn decode_tensor_section_in(
     bytes: &[u8],
     placement: Placement,
 ) -> Result<TensorSection, WireError> {
+    if bytes.len() != header.desc_len as usize {
+        return Err(section_len_mismatch(bytes.len(), header.desc_len));
+    }
+    let count = header.tensor_count as usize;
+    // The descriptors, in their own function: every message decodes its
+    // section, and the framing checks here stay a small function (no
+    // message formatting in its frame) whatever the descriptors need.
+    let (tensors, mut pos) = if count != 0 {
+        decode_descriptors(header, bytes, placement)?
+    } else if matches!(placement, Placement::Region { .. }) && header.payload_len != 0 {
+        // In a region, `payload_len` is the tensors' total: here none.
+        return Err(payload_not_total(header.payload_len));
+    } else {
+        (Vec::new(), 0)
+    };
+    let timeline = if header.flags & flags::HAS_TIMELINE != 0 {
+        let rest = &bytes[pos..];
+        need("timeline", rest, TIMELINE_LEN)?;
+        pos += TIMELINE_LEN;
+        Some(Timeline::decode(&rest[..TIMELINE_LEN])?)
+    } else {
+        None
+    };
+    if pos != bytes.len() {
+        return Err(trailing_bytes(bytes.len() - pos));
+    }
+    Ok(TensorSection { tensors, timeline })
+}
+
+#[cold]
+fn section_len_mismatch(len: usize, desc_len: u32) -> WireError {
+    WireError::malformed(format!(
+        "descriptor section is {len} bytes, header says {desc_len}"
+    ))
+}
+
+#[cold]
+fn trailing_bytes(n: usize) -> WireError {
+    WireError::malformed(format!("{n} trailing bytes after the descriptors"))
+}
+
+#[cold]
+fn payload_not_total(payload_len: u64) -> WireError {
+    WireError::malformed(format!(
+        "payload_len {payload_len} is not the tensors' total length"
+    ))
+}
+
+/// The `tensor_count` (≥ 1) descriptors at the start of `bytes`, checked
+/// as [`decode_tensor_section_in`] says, and the bytes they took.
+#[inline(never)]
+fn decode_descriptors(
+    header: &Header,
+    bytes: &[u8],
+    placement: Placement,
+) -> Result<(Vec<TensorDesc>, usize), WireError> {
     let (bound, what, ordered) = match placement {
         Placement::Payload => (header.payload_len, "payload", true),
         Placement::Region { len } => (len, "region", false),
     };
-    if bytes.len() != header.desc_len as usize {
-        return Err(WireError::malformed(format!(
-            "descriptor section is {} bytes, header says {}",
-            bytes.len(),
-            header.desc_len
-        )));
-    }
     let count = header.tensor_count as usize;
     // Each descriptor needs at least DESC_FIXED_LEN bytes: a count the section
     // cannot hold is rejected before anything is allocated for it.
@@ -227,10 +276,7 @@ pub fn decode_tensor_section_in(
             .iter()
             .try_fold(0u64, |acc, t| acc.checked_add(t.len));
         if total != Some(header.payload_len) {
-            return Err(WireError::malformed(format!(
-                "payload_len {} is not the tensors' total length",
-                header.payload_len
-            )));
+            return Err(payload_not_total(header.payload_len));
         }
         // Overlap takes two tensors (and sorting a copy of their ranges).
         if tensors.len() > 1 {
@@ -247,21 +293,7 @@ pub fn decode_tensor_section_in(
             }
         }
     }
-    let timeline = if header.flags & flags::HAS_TIMELINE != 0 {
-        let rest = &bytes[pos..];
-        need("timeline", rest, TIMELINE_LEN)?;
-        pos += TIMELINE_LEN;
-        Some(Timeline::decode(&rest[..TIMELINE_LEN])?)
-    } else {
-        None
-    };
-    if pos != bytes.len() {
-        return Err(WireError::malformed(format!(
-            "{} trailing bytes after the descriptors",
-            bytes.len() - pos
-        )));
-    }
-    Ok(TensorSection { tensors, timeline })
+    Ok((tensors, pos))
 }
 
 #[cfg(test)]
@@ -286,6 +318,44 @@ mod tests {
             offset,
             len: TensorDesc::byte_len(dtype, shape).unwrap(),
         }
+    }
+
+    #[test]
+    fn section_framing_errors_say_what_is_wrong() {
+        let text = |h: &Header, bytes: &[u8], placement: Placement| match decode_tensor_section_in(
+            h, bytes, placement,
+        ) {
+            Err(WireError::Malformed(m)) => m,
+            other => panic!("expected Malformed, got {other:?}"),
+        };
+        let region = Placement::Region { len: 4096 };
+        let mut h = Header::new(Kind::Request);
+        h.desc_len = 8;
+        assert_eq!(
+            text(&h, &[0; 4], region),
+            "descriptor section is 4 bytes, header says 8"
+        );
+        assert_eq!(
+            text(&h, &[0; 8], region),
+            "8 trailing bytes after the descriptors"
+        );
+        // No tensors in a region: payload_len must be their total, 0.
+        let mut h = Header::new(Kind::Request);
+        h.payload_len = 64;
+        assert_eq!(
+            text(&h, &[], region),
+            "payload_len 64 is not the tensors' total length"
+        );
+        // In a payload, no tensors may come with any payload length.
+        let s = decode_tensor_section_in(&h, &[], Placement::Payload).expect("empty section");
+        assert!(s.tensors.is_empty() && s.timeline.is_none());
+        // A tensor whose length is not the total, in a region.
+        let (mut h, bytes) = section(&[desc(DType::U8, &[64], 0)], 64);
+        h.payload_len = 65;
+        assert_eq!(
+            text(&h, &bytes, region),
+            "payload_len 65 is not the tensors' total length"
+        );
     }
 
     #[test]

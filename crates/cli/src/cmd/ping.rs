@@ -61,6 +61,13 @@ pub struct Args {
     /// of each stage (client → agent, payload, queue, compute, agent → client).
     #[arg(long)]
     stages: bool,
+    /// Send `Ping` control messages instead of model requests: the agent
+    /// answers each with a `Pong` without touching a model, so the round
+    /// trip is the transport and the message framing alone. Set beside an
+    /// empty-RPC run, it splits tensorwire's own cost into the message
+    /// path and the model path (descriptors, model queue, response).
+    #[arg(long, conflicts_with_all = ["raw", "stages", "size"])]
+    control: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -178,17 +185,21 @@ pub fn run(a: Args) -> Result<(), CmdError> {
                 return Err("--split-writes, --nodelay and --peer-cpu apply to --raw; for tensorwire use tcp://host:port?nodelay=0 and taskset".into());
             }
             let (samples, inputs) = if a.connect == "local" {
+                if a.control {
+                    return Err("--control needs an agent: local calls the engine directly".into());
+                }
                 ping_local(&a)?
             } else {
                 ping_tensorwire(&a)?
             };
             let tensor_bytes: u64 = inputs.iter().map(|(_, _, b)| b.len() as u64).sum();
-            (
-                a.connect.clone(),
-                samples,
-                message_bytes(&inputs),
-                tensor_bytes,
-            )
+            // A Ping is a bare header.
+            let msg_bytes = if a.control {
+                HEADER_LEN as u64
+            } else {
+                message_bytes(&inputs)
+            };
+            (a.connect.clone(), samples, msg_bytes, tensor_bytes)
         }
     };
     let s = summarize(&samples).ok_or("no samples")?;
@@ -231,6 +242,18 @@ fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
         opts.spin = spin_budget(us)?;
     }
     let c = connect(&a.connect, &parse_models(&a.load)?, opts)?;
+    if a.control {
+        // `Client::ping` times its own round trip: timing around it as well
+        // would count two more clock reads (~60 ns) than an empty request.
+        let mut samples = Vec::with_capacity(a.iterations);
+        for i in 0..a.warmup + a.iterations {
+            let took = c.client.ping()?;
+            if i >= a.warmup {
+                samples.push(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+            }
+        }
+        return Ok((samples, Vec::new()));
+    }
     let model = c.client.model(&a.model)?;
     let inputs = make_inputs(a, model.signature())?;
     // Each tensor is allocated once where the transport wants it (in the
@@ -382,11 +405,22 @@ fn print_summary(
     msg_bytes: u64,
     tensor_bytes: u64,
 ) -> Result<(), CmdError> {
+    let what = if a.raw.is_some() {
+        "no framework"
+    } else if a.control {
+        "Ping/Pong, no model"
+    } else {
+        a.model.as_str()
+    };
     if a.json {
         let mut v = serde_json::to_value(s)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("target".into(), target.into());
-            o.insert("model".into(), a.model.clone().into());
+            if a.control {
+                o.insert("control".into(), true.into());
+            } else {
+                o.insert("model".into(), a.model.clone().into());
+            }
             o.insert("tensor_bytes".into(), tensor_bytes.into());
             o.insert("message_bytes".into(), msg_bytes.into());
             o.insert("warmup".into(), a.warmup.into());
@@ -395,7 +429,7 @@ fn print_summary(
     } else {
         println!(
             "{target} [{}]: {} round trips of {} B (tensor {} B), warm-up {}: min {:.2} p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} mean {:.2} µs",
-            if a.raw.is_some() { "no framework" } else { a.model.as_str() },
+            what,
             s.count,
             msg_bytes,
             tensor_bytes,
