@@ -245,13 +245,10 @@ fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
     if a.control {
         // `Client::ping` times its own round trip: timing around it as well
         // would count two more clock reads (~60 ns) than an empty request.
-        let mut samples = Vec::with_capacity(a.iterations);
-        for i in 0..a.warmup + a.iterations {
+        let samples = sample_loop(a, || {
             let took = c.client.ping()?;
-            if i >= a.warmup {
-                samples.push(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
-            }
-        }
+            Ok(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX))
+        })?;
         return Ok((samples, Vec::new()));
     }
     let model = c.client.model(&a.model)?;
@@ -386,11 +383,22 @@ fn time_loop(
     a: &Args,
     mut call: impl FnMut() -> Result<(), CmdError>,
 ) -> Result<Vec<u64>, CmdError> {
-    let mut samples = Vec::with_capacity(a.iterations);
-    for i in 0..a.warmup + a.iterations {
+    sample_loop(a, || {
         let t = Instant::now();
         call()?;
-        let ns = t.elapsed().as_nanos() as u64;
+        Ok(t.elapsed().as_nanos() as u64)
+    })
+}
+
+/// Takes `warmup + iterations` samples (nanoseconds) from `sample`, keeping
+/// the last `iterations`.
+fn sample_loop(
+    a: &Args,
+    mut sample: impl FnMut() -> Result<u64, CmdError>,
+) -> Result<Vec<u64>, CmdError> {
+    let mut samples = Vec::with_capacity(a.iterations);
+    for i in 0..a.warmup + a.iterations {
+        let ns = sample()?;
         if i >= a.warmup {
             samples.push(ns);
         }
