@@ -323,7 +323,11 @@ impl Client {
         let hello = encode_hello(&inner.opts.limits);
         let mut h = Header::new(Kind::Hello);
         h.desc_len = hello.len() as u32;
-        let frame = inner.roundtrip(h, &hello)?;
+        let frame = match inner.roundtrip(h, &hello) {
+            Ok(f) => f,
+            Err(ClientError::AgentGone(msg)) => return Err(inner.refusal_or(msg)),
+            Err(e) => return Err(e),
+        };
         expect_kind(&frame, Kind::HelloAck)?;
         inner.limits =
             decode_hello(&frame.desc).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -700,6 +704,26 @@ impl Inner {
                     })
             }
         }
+    }
+
+    /// After the Hello could not be sent: an agent that refuses a
+    /// connection (a connection limit) answers with an Error and closes at
+    /// once, possibly before the Hello was written. Its answer is still
+    /// readable and says why; `fallback` is the error when there is none.
+    fn refusal_or(&self, fallback: String) -> ClientError {
+        let Link::Stream(s) = &self.link else {
+            return ClientError::AgentGone(fallback);
+        };
+        let r = self.read_frame(s);
+        let mut sh = lock(&s.shared);
+        let before = sh.dead.take();
+        self.absorb(&mut sh, r);
+        let why = match sh.dead.take() {
+            Some(d) if d.starts_with("agent closed the session") => d,
+            _ => before.unwrap_or(fallback),
+        };
+        sh.dead = Some(why.clone());
+        ClientError::AgentGone(why)
     }
 
     /// Called by a blocked sender when the socket is readable: reads one

@@ -1,34 +1,40 @@
-//! [`Agent`]: start-up, listeners, connection bookkeeping and shutdown.
+//! [`Agent`]: start-up, listeners, connection admission and shutdown.
 //!
 //! Start-up is all or nothing: every model loads and every endpoint binds,
 //! or the agent does not start and the error names what failed. Each
-//! listener has an accept thread; each connection a session thread (socket
-//! sessions: [`session`]; shared-memory sessions, accepted on the control
-//! socket of `shm://name`: [`shm_session`], which also bootstraps the
-//! arena on that thread, so a slow client never holds up the accept
-//! thread). Socket and shared-memory connections share one table and one
-//! `max_connections`. Shutdown refuses new requests (clients get
-//! `shutting-down`), lets the requests in flight finish and send their
-//! responses, closes every connection, and removes the Unix socket files
-//! (shm control sockets included).
+//! listener has an accept thread that only accepts: it asks the
+//! [`ConnTable`] to admit the connection (the agent-wide and per-peer
+//! limits; a refusal is answered with an Error and closed at once, without
+//! waiting for the client) and parks the new session in the [`Reactor`],
+//! whose workers read its Hello and serve it (socket sessions:
+//! [`session`](crate::session); shared-memory sessions, accepted on the control socket of
+//! `shm://name`: [`shm_session`](crate::shm_session)). No connection holds a thread while it
+//! waits, for its Hello or between requests, so neither idle clients nor
+//! silent ones cost the agent threads; the [`Reaper`] closes connections
+//! that do not finish their handshake in `handshake_timeout` (and, when
+//! set, sessions idle for `idle_timeout`). Shutdown refuses new requests
+//! (clients get `shutting-down`), lets the requests in flight finish and
+//! send their responses, closes every connection, and removes the Unix
+//! socket files (shm control sockets included).
 
 use crate::config::{AgentConfig, ConfigError};
+use crate::conns::{check_fd_limit, Conn, ConnTable, Deadlines, Reaper, Refusal};
 use crate::dispatch::{AgentCore, Reply};
 use crate::inproc::InprocAgent;
+use crate::reactor::Reactor;
 use crate::registry::ModelRegistry;
-use crate::session;
-use crate::shm_session::{self, ShmHandle, ShmSettings};
-use std::collections::HashMap;
-use std::io::{Read, Write};
+use crate::session::SocketSession;
+use crate::shm_session::{ShmHandle, ShmSession, ShmSettings};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use thiserror::Error;
 use transport::inproc::Registration;
-use transport::{Endpoint, Listener, ListenerWaker, StreamConn, StreamWriter, TransportError};
-use wire::{Header, Status};
+use transport::{Endpoint, Listener, ListenerWaker, PeerId, StreamConn, TransportError};
+use wire::Status;
 
 /// Why an agent could not start.
 #[derive(Debug, Error)]
@@ -56,6 +62,26 @@ pub struct AgentStats {
     pub accepted: u64,
     /// Connections refused because `max_connections` were open.
     pub refused: u64,
+    /// Connections refused because their peer held
+    /// `max_connections_per_peer`.
+    pub refused_per_peer: u64,
+    /// Connections closed for not completing their Hello within
+    /// `handshake_timeout`.
+    pub handshake_timeouts: u64,
+    /// Sessions closed for being idle longer than `idle_timeout`.
+    pub idle_timeouts: u64,
+    /// Connections closed for stalling mid-message longer than
+    /// `stall_timeout` (between reads; a blocked payload read times out
+    /// by itself and is not counted here).
+    pub stalls: u64,
+    /// Connections still in their handshake now.
+    pub handshaking: usize,
+    /// Sessions idle now (parked with nothing in flight: no thread).
+    pub idle: usize,
+    /// Distinct peers holding connections now.
+    pub peers: usize,
+    /// Worker threads now (busy sessions hold one each; see `reactor`).
+    pub workers: usize,
     /// Requests answered with a response.
     pub responses: u64,
     /// Messages answered with an error.
@@ -74,39 +100,12 @@ pub struct AgentStats {
     pub shm_output_bytes_aliased: u64,
 }
 
-/// How shutdown reaches an open connection.
-enum Conn {
-    /// A socket session: shutting its socket down ends its blocked read.
-    Stream(StreamWriter),
-    /// A shared-memory session.
-    Shm(Arc<ShmHandle>),
-}
-
-impl Conn {
-    fn close(&self) {
-        match self {
-            Conn::Stream(w) => {
-                let _ = w.shutdown();
-            }
-            Conn::Shm(h) => h.close(),
-        }
-    }
-}
-
-/// Open connections, so shutdown can close them.
-#[derive(Default)]
-struct ConnTable {
-    open: Mutex<HashMap<u64, Conn>>,
-    closed: Condvar,
-    next: AtomicU64,
-    accepted: AtomicU64,
-    refused: AtomicU64,
-}
-
 /// A running agent.
 pub struct Agent {
     core: Arc<AgentCore>,
     conns: Arc<ConnTable>,
+    reactor: Option<Arc<Reactor>>,
+    reaper: Option<Reaper>,
     acceptors: Vec<(ListenerWaker, JoinHandle<()>)>,
     endpoints: Vec<Endpoint>,
     inproc: Vec<Registration>,
@@ -133,7 +132,24 @@ impl Agent {
     pub fn with_registry(cfg: AgentConfig, registry: ModelRegistry) -> Result<Agent, AgentError> {
         cfg.validate()?;
         let core = Arc::new(AgentCore::new(registry, cfg.limits, cfg.max_total_payload));
-        let conns = Arc::new(ConnTable::default());
+        let conns = Arc::new(ConnTable::new(
+            cfg.max_connections,
+            cfg.max_connections_per_peer.min(cfg.max_connections),
+        ));
+        let spawn_err =
+            |what: &str, e: std::io::Error| AgentError::Inproc(format!("cannot start {what}: {e}"));
+        check_fd_limit(cfg.max_connections);
+        // Busy sessions hold a worker each, as many as may be connected.
+        let reactor = Arc::new(
+            Reactor::new(cfg.max_connections).map_err(|e| spawn_err("the worker pool", e))?,
+        );
+        let deadlines = Deadlines {
+            handshake: cfg.handshake_timeout,
+            stall: cfg.stall_timeout,
+            idle: cfg.idle_timeout,
+        };
+        let reaper = Reaper::start(conns.clone(), deadlines)
+            .map_err(|e| spawn_err("the reaper thread", e))?;
         // Bind everything first, so a failure starts nothing.
         let mut listeners = Vec::new();
         let mut inproc = Vec::new();
@@ -161,27 +177,34 @@ impl Agent {
                 endpoint: l.endpoint().to_string(),
                 source,
             })?;
-            let (core, conns) = (core.clone(), conns.clone());
-            let (max, stall) = (cfg.max_connections, cfg.stall_timeout);
-            let socket_spin = Duration::from_micros(cfg.socket_spin_us);
+            let ctx = Acceptor {
+                core: core.clone(),
+                conns: conns.clone(),
+                reactor: reactor.clone(),
+                stall: cfg.stall_timeout,
+                socket_spin: Duration::from_micros(cfg.socket_spin_us),
+            };
             let shm = matches!(l.endpoint(), Endpoint::Shm(_)).then(|| ShmSettings {
                 sizes: cfg.shm_sizes(),
                 spin: Duration::from_micros(cfg.shm_spin_us),
-                stall,
+                park_after: cfg.shm_park_after,
+                stall: cfg.stall_timeout,
             });
             let name = format!("tw-accept-{}", acceptors.len());
             let handle = std::thread::Builder::new()
                 .name(name)
                 .spawn(move || match shm {
-                    None => accept_loop(l, core, conns, max, stall, socket_spin),
-                    Some(shm) => accept_shm_loop(l, core, conns, max, shm),
+                    None => ctx.accept_loop(l),
+                    Some(shm) => ctx.accept_shm_loop(l, shm),
                 })
-                .map_err(|e| AgentError::Inproc(format!("cannot spawn accept thread: {e}")))?;
+                .map_err(|e| spawn_err("an accept thread", e))?;
             acceptors.push((waker, handle));
         }
         Ok(Agent {
             core,
             conns,
+            reactor: Some(reactor),
+            reaper: Some(reaper),
             acceptors,
             endpoints,
             inproc,
@@ -201,19 +224,25 @@ impl Agent {
 
     /// Current counters.
     pub fn stats(&self) -> AgentStats {
-        let (open, shm) = self.conns.open.lock().map_or((0, 0), |m| {
-            let shm = m.values().filter(|c| matches!(c, Conn::Shm(_))).count();
-            (m.len(), shm)
-        });
+        let open = self.conns.counts();
+        let t = &self.conns;
         let c = &self.core.counters;
         AgentStats {
-            connections: open,
-            accepted: self.conns.accepted.load(Ordering::Relaxed),
-            refused: self.conns.refused.load(Ordering::Relaxed),
+            connections: open.open,
+            accepted: t.accepted.load(Ordering::Relaxed),
+            refused: t.refused.load(Ordering::Relaxed),
+            refused_per_peer: t.refused_per_peer.load(Ordering::Relaxed),
+            handshake_timeouts: t.handshake_timeouts.load(Ordering::Relaxed),
+            idle_timeouts: t.idle_timeouts.load(Ordering::Relaxed),
+            stalls: t.stalls.load(Ordering::Relaxed),
+            handshaking: open.handshaking,
+            idle: open.idle,
+            peers: open.peers,
+            workers: self.reactor.as_ref().map_or(0, |r| r.stats().workers),
             responses: c.responses.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             in_flight: self.core.in_flight(),
-            shm_sessions: shm,
+            shm_sessions: open.shm,
             shm_output_bytes_copied: c.shm_output_bytes_copied.load(Ordering::Relaxed),
             shm_output_bytes_in_place: c.shm_output_bytes_in_place.load(Ordering::Relaxed),
             shm_output_bytes_aliased: c.shm_output_bytes_aliased.load(Ordering::Relaxed),
@@ -236,25 +265,11 @@ impl Agent {
         }
         self.inproc.clear();
         let unfinished = self.core.close_and_drain(grace);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut open = self.conns.open.lock().unwrap_or_else(|p| p.into_inner());
-        for c in open.values() {
-            c.close();
-        }
-        while !open.is_empty() && Instant::now() < deadline {
-            open = self
-                .conns
-                .closed
-                .wait_timeout(open, Duration::from_millis(50))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-            // Again: a shared-memory session thread that was between its
-            // spin and its sleep when woken would otherwise sleep out its
-            // slice; closing twice is harmless.
-            for c in open.values() {
-                c.close();
-            }
-        }
+        self.conns.close_all(Duration::from_secs(5));
+        self.reaper = None;
+        // Stops the workers; sessions still parked (none, unless one did
+        // not end in time) close as they drop.
+        self.reactor = None;
         unfinished
     }
 }
@@ -267,69 +282,76 @@ impl Drop for Agent {
     }
 }
 
-fn accept_loop(
-    l: Listener,
+/// What an accept thread needs.
+struct Acceptor {
     core: Arc<AgentCore>,
     conns: Arc<ConnTable>,
-    max: usize,
+    reactor: Arc<Reactor>,
     stall: Duration,
-    spin: Duration,
-) {
-    loop {
-        let mut conn = match l.accept() {
-            Ok(c) => c,
-            Err(e) if accept_failed(&l, &core, &e) => break,
-            Err(_) => continue,
-        };
-        if core.is_closing() {
-            break;
-        }
-        let _ = conn.set_read_timeout(Some(stall));
-        let _ = conn.set_write_timeout(Some(stall));
-        conn.set_spin(spin);
-        let writer = match conn.writer() {
-            Ok(w) => w,
-            Err(_) => continue,
-        };
-        let Some(id) = conns.register(Conn::Stream(writer), max) else {
-            refuse(&conn, max);
-            continue;
-        };
-        let core = core.clone();
-        conns.spawn(id, move || session::serve(core, conn));
-    }
+    socket_spin: Duration,
 }
 
-/// The accept loop of an `shm://` control socket: accepts only; the
-/// bootstrap (arena creation, Hello) happens on the session's thread.
-fn accept_shm_loop(
-    l: Listener,
-    core: Arc<AgentCore>,
-    conns: Arc<ConnTable>,
-    max: usize,
-    shm: ShmSettings,
-) {
-    loop {
-        let sock = match l.accept_unix() {
-            Ok(s) => s,
-            Err(e) if accept_failed(&l, &core, &e) => break,
-            Err(_) => continue,
-        };
-        if core.is_closing() {
-            break;
+impl Acceptor {
+    /// The accept loop of a Unix or TCP listener: admit, then park the
+    /// session in the reactor (its Hello is read by a worker).
+    fn accept_loop(self, l: Listener) {
+        loop {
+            let mut conn = match l.accept() {
+                Ok(c) => c,
+                Err(e) if accept_failed(&l, &self.core, &e) => break,
+                Err(_) => continue,
+            };
+            if self.core.is_closing() {
+                break;
+            }
+            let (Ok(peer), Ok(writer)) = (conn.peer_id(), conn.writer()) else {
+                continue;
+            };
+            let slot = match self.conns.admit(Conn::Stream(writer), peer) {
+                Ok(slot) => slot,
+                Err(r) => {
+                    refuse(&conn, &r);
+                    continue;
+                }
+            };
+            let _ = conn.set_read_timeout(Some(self.stall));
+            let _ = conn.set_write_timeout(Some(self.stall));
+            conn.set_spin(self.socket_spin);
+            let session = SocketSession::new(self.core.clone(), conn, slot);
+            // On failure the session drops: connection closed, slot freed.
+            let _ = self.reactor.add(Box::new(session));
         }
-        // Shutdown closes the session through a second handle on the same
-        // socket (and wakes its thread once the arena exists).
-        let Ok(clone) = sock.try_clone() else {
-            continue;
-        };
-        let handle = Arc::new(ShmHandle::new(clone));
-        let Some(id) = conns.register(Conn::Shm(handle.clone()), max) else {
-            refuse_shm(sock, max);
-            continue;
-        };
-        let core = core.clone();
-        conns.spawn(id, move || shm_session::serve(core, sock, shm, &handle));
+    }
+
+    /// The accept loop of an `shm://` control socket: admit, then park the
+    /// session in the reactor (a worker answers its Hello and makes the
+    /// arena once the Hello has arrived).
+    fn accept_shm_loop(self, l: Listener, shm: ShmSettings) {
+        loop {
+            let sock = match l.accept_unix() {
+                Ok(s) => s,
+                Err(e) if accept_failed(&l, &self.core, &e) => break,
+                Err(_) => continue,
+            };
+            if self.core.is_closing() {
+                break;
+            }
+            // Shutdown closes the session through a second handle on the
+            // same socket (and wakes it through the arena once it exists).
+            let (Ok(peer), Ok(clone)) = (PeerId::of_unix(&sock), sock.try_clone()) else {
+                continue;
+            };
+            let handle = Arc::new(ShmHandle::new(clone));
+            let slot = match self.conns.admit(Conn::Shm(handle.clone()), peer) {
+                Ok(slot) => slot,
+                Err(r) => {
+                    refuse_shm(sock, &r);
+                    continue;
+                }
+            };
+            let session = ShmSession::new(self.core.clone(), sock, shm, handle, slot);
+            let _ = self.reactor.add(Box::new(session));
+        }
     }
 }
 
@@ -346,66 +368,18 @@ fn accept_failed(l: &Listener, core: &AgentCore, e: &std::io::Error) -> bool {
     false
 }
 
-impl ConnTable {
-    /// Adds a connection unless `max` are open; returns its id.
-    fn register(&self, conn: Conn, max: usize) -> Option<u64> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if open.len() >= max {
-            drop(open);
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        open.insert(id, conn);
-        drop(open);
-        self.accepted.fetch_add(1, Ordering::Relaxed);
-        Some(id)
-    }
-
-    /// Runs `serve` on a new session thread; the connection leaves the
-    /// table when it returns (or panics).
-    fn spawn(self: &Arc<Self>, id: u64, serve: impl FnOnce() + Send + 'static) {
-        let conns = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("tw-session-{id}"))
-            .spawn(move || {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(serve));
-                conns.remove(id);
-            });
-        if spawned.is_err() {
-            self.remove(id);
-        }
-    }
-
-    fn remove(&self, id: u64) {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.remove(&id);
-        self.closed.notify_all();
-    }
-}
-
-fn refuse(conn: &StreamConn, max: usize) {
-    let r = Reply::error(
-        0,
-        Status::LimitExceeded,
-        &format!("the agent already serves {max} connections"),
-    );
+/// Refuses a socket connection: an Error (request id 0) and a close, at
+/// once. The socket is new, so the write lands in an empty buffer and
+/// cannot block; the client reads it as the answer to its Hello.
+fn refuse(conn: &StreamConn, why: &Refusal) {
+    let r = Reply::error(0, Status::LimitExceeded, &why.message());
     let _ = conn.send(&r.header, &r.desc, &[]);
 }
 
-/// Refuses a shared-memory client: answers its Hello with an Error (read
-/// briefly first, so the client's write of it does not fail and its
-/// request id is echoed), then closes.
-fn refuse_shm(mut sock: UnixStream, max: usize) {
-    let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
-    let _ = sock.set_write_timeout(Some(Duration::from_millis(100)));
-    let mut hello = [0u8; 128];
-    let n = sock.read(&mut hello).unwrap_or(0);
-    let id = Header::decode(&hello[..n]).map_or(0, |h| h.request_id);
-    let r = Reply::error(
-        id,
-        Status::LimitExceeded,
-        &format!("the agent already serves {max} connections"),
-    );
-    let _ = sock.write_all(&[&r.header.encode()[..], &r.desc].concat());
+/// Refuses a shared-memory client the same way, without reading its Hello
+/// first: an accept thread must never wait on a client.
+fn refuse_shm(sock: UnixStream, why: &Refusal) {
+    let r = Reply::error(0, Status::LimitExceeded, &why.message());
+    let _ = sock.set_nonblocking(true);
+    let _ = (&sock).write_all(&[&r.header.encode()[..], &r.desc].concat());
 }

@@ -15,9 +15,14 @@
 //! max_in_flight = 256
 //! max_payload = 268435456
 //! max_desc_len = 65536
-//! max_connections = 1024   # agent-wide
 //! max_total_payload = 2147483648  # agent-wide: request payload bytes held at once
 //! stall_timeout_ms = 30000 # a peer silent this long mid-message is dropped
+//!
+//! [connections]            # who may hold how many connections; defaults shown
+//! max = 8192               # agent-wide (each costs one file descriptor)
+//! max_per_peer = 1024      # per uid (unix, shm) or source address (tcp); at most max
+//! handshake_timeout_ms = 3000  # a connection without a Hello this long is closed
+//! idle_timeout_ms = 0      # a session idle this long is closed (0 = never)
 //!
 //! [socket]                 # unix:// and tcp:// sessions; defaults shown
 //! spin_us = 50             # a session thread polls this long before blocking
@@ -27,7 +32,16 @@
 //! client_bytes = 268435456 # each session's input region (virtual until touched)
 //! agent_bytes = 67108864   # each session's output region
 //! ring_slots = 256         # 64-byte slots per ring (a power of two, 8..=65536)
+//! park_after_ms = 250      # a session quiet this long gives its thread back
 //! ```
+//!
+//! What each `[connections]` limit protects against: `max` keeps the agent
+//! inside its file-descriptor limit; `max_per_peer` stops one user (or one
+//! address) from taking every slot, so other peers still get in when one
+//! floods; `handshake_timeout_ms` stops connections that never say Hello
+//! from holding slots at all; `idle_timeout_ms` reclaims sessions a client
+//! forgot (off by default: the clients keep their connection for reuse).
+//! Waiting and idle connections hold no thread (`server::reactor`).
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -110,6 +124,15 @@ struct LimitsFile {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ConnectionsFile {
+    max: Option<usize>,
+    max_per_peer: Option<usize>,
+    handshake_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SocketFile {
     spin_us: Option<u64>,
 }
@@ -121,6 +144,7 @@ struct ShmFile {
     client_bytes: Option<usize>,
     agent_bytes: Option<usize>,
     ring_slots: Option<u32>,
+    park_after_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -134,6 +158,8 @@ struct ConfigFile {
     inter_threads: Option<usize>,
     #[serde(default)]
     limits: LimitsFile,
+    #[serde(default)]
+    connections: ConnectionsFile,
     #[serde(default)]
     socket: SocketFile,
     #[serde(default)]
@@ -153,8 +179,21 @@ pub struct AgentConfig {
     pub inter_threads: usize,
     /// Per-session limits (the most a client may ask for).
     pub limits: Limits,
-    /// Most connections open at once, agent-wide.
+    /// Most connections open at once, agent-wide (TOML `[connections] max`;
+    /// `[limits] max_connections` is read too). Each costs one file
+    /// descriptor; pending handshakes count.
     pub max_connections: usize,
+    /// Most connections one peer may hold at once (a uid over unix and shm,
+    /// a source address over tcp: `transport::PeerId`), below
+    /// `max_connections` so that one peer cannot lock the others out
+    /// (capped at `max_connections`).
+    pub max_connections_per_peer: usize,
+    /// A connection that has not completed its Hello this long after it
+    /// was accepted is closed.
+    pub handshake_timeout: Duration,
+    /// A session with nothing in flight for this long is closed (`None`:
+    /// never).
+    pub idle_timeout: Option<Duration>,
     /// Most request payload bytes held by requests in flight at once,
     /// agent-wide (a request over it is refused with `limit-exceeded`).
     pub max_total_payload: u64,
@@ -183,6 +222,11 @@ pub struct AgentConfig {
     pub shm_agent_bytes: usize,
     /// Shared-memory sessions: 64-byte slots per ring (a power of two).
     pub shm_ring_slots: u32,
+    /// Shared-memory sessions: a session that has received nothing for this
+    /// long stops sleeping on its futex and gives its thread back; the
+    /// client's next message wakes it through the control socket (one
+    /// byte, a few µs more than a futex wake-up).
+    pub shm_park_after: Duration,
 }
 
 impl Default for AgentConfig {
@@ -193,7 +237,10 @@ impl Default for AgentConfig {
             intra_threads: 2,
             inter_threads: 1,
             limits: Limits::default(),
-            max_connections: 1024,
+            max_connections: 8192,
+            max_connections_per_peer: 1024,
+            handshake_timeout: Duration::from_secs(3),
+            idle_timeout: None,
             max_total_payload: 2 << 30,
             stall_timeout: Duration::from_secs(30),
             socket_spin_us: 50,
@@ -201,6 +248,7 @@ impl Default for AgentConfig {
             shm_client_bytes: ShmSizes::default().client_len,
             shm_agent_bytes: ShmSizes::default().agent_len,
             shm_ring_slots: ShmSizes::default().ring_capacity,
+            shm_park_after: Duration::from_millis(250),
         }
     }
 }
@@ -255,6 +303,22 @@ impl AgentConfig {
         d.max_desc_len = l.max_desc_len.unwrap_or(d.max_desc_len);
         cfg.max_connections = l.max_connections.unwrap_or(cfg.max_connections);
         cfg.max_total_payload = l.max_total_payload.unwrap_or(cfg.max_total_payload);
+        let c = &f.connections;
+        if l.max_connections.is_some() && c.max.is_some() {
+            return Err(ConfigError::Invalid(
+                "give the connection limit once: [connections] max (or the older \
+                 [limits] max_connections), not both"
+                    .into(),
+            ));
+        }
+        cfg.max_connections = c.max.unwrap_or(cfg.max_connections);
+        cfg.max_connections_per_peer = c.max_per_peer.unwrap_or(cfg.max_connections_per_peer);
+        if let Some(ms) = c.handshake_timeout_ms {
+            cfg.handshake_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = c.idle_timeout_ms {
+            cfg.idle_timeout = (ms > 0).then(|| Duration::from_millis(ms));
+        }
         if let Some(ms) = l.stall_timeout_ms {
             cfg.stall_timeout = Duration::from_millis(ms);
         }
@@ -264,6 +328,9 @@ impl AgentConfig {
         cfg.shm_client_bytes = m.client_bytes.unwrap_or(cfg.shm_client_bytes);
         cfg.shm_agent_bytes = m.agent_bytes.unwrap_or(cfg.shm_agent_bytes);
         cfg.shm_ring_slots = m.ring_slots.unwrap_or(cfg.shm_ring_slots);
+        if let Some(ms) = m.park_after_ms {
+            cfg.shm_park_after = Duration::from_millis(ms);
+        }
         Ok(cfg)
     }
 
@@ -316,8 +383,38 @@ impl AgentConfig {
                 self.max_total_payload, l.max_payload
             ));
         }
-        if self.max_connections == 0 {
-            return bad("max_connections must be at least 1".into());
+        if !(1..=1 << 20).contains(&self.max_connections) {
+            return bad(format!(
+                "max connections must be 1..=1048576, not {}",
+                self.max_connections
+            ));
+        }
+        if self.max_connections_per_peer == 0 {
+            return bad("max connections per peer must be at least 1".into());
+        }
+        if self.handshake_timeout < Duration::from_millis(10)
+            || self.handshake_timeout > Duration::from_secs(600)
+        {
+            return bad(format!(
+                "handshake_timeout_ms must be 10..=600000, not {}",
+                self.handshake_timeout.as_millis()
+            ));
+        }
+        if self
+            .idle_timeout
+            .is_some_and(|t| t < self.handshake_timeout)
+        {
+            return bad(format!(
+                "idle_timeout_ms ({}) must be 0 (never) or at least handshake_timeout_ms ({})",
+                self.idle_timeout.map_or(0, |t| t.as_millis()),
+                self.handshake_timeout.as_millis()
+            ));
+        }
+        if self.shm_park_after > Duration::from_secs(3600) {
+            return bad(format!(
+                "shm park_after_ms must be 0..=3600000, not {}",
+                self.shm_park_after.as_millis()
+            ));
         }
         if self.stall_timeout.is_zero() {
             return bad("stall_timeout_ms must be positive".into());
@@ -423,6 +520,55 @@ mod tests {
             .push(ModelConfig::parse_flag("a=y.onnx").unwrap());
         assert!(cfg.validate().is_err());
         assert!(ModelConfig::parse_flag("nopath").is_err());
+    }
+
+    #[test]
+    fn connection_limits_parse_and_are_checked() {
+        let d = AgentConfig::default();
+        assert_eq!(
+            (d.max_connections, d.max_connections_per_peer),
+            (8192, 1024)
+        );
+        assert_eq!(d.handshake_timeout, Duration::from_secs(3));
+        assert_eq!(d.idle_timeout, None);
+        let cfg = AgentConfig::from_toml(
+            "[connections]\nmax = 100\nmax_per_peer = 10\nhandshake_timeout_ms = 200\n\
+             idle_timeout_ms = 5000\n[shm]\npark_after_ms = 0\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (cfg.max_connections, cfg.max_connections_per_peer),
+            (100, 10)
+        );
+        assert_eq!(cfg.handshake_timeout, Duration::from_millis(200));
+        assert_eq!(cfg.idle_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(cfg.shm_park_after, Duration::ZERO);
+        cfg.validate().unwrap();
+        // The older spelling still works, alone.
+        let old = AgentConfig::from_toml("[limits]\nmax_connections = 50\n").unwrap();
+        assert_eq!(old.max_connections, 50);
+        assert!(
+            AgentConfig::from_toml("[limits]\nmax_connections = 5\n[connections]\nmax = 5\n")
+                .is_err()
+        );
+        assert!(AgentConfig::from_toml("[connections]\nmaximum = 5\n").is_err());
+        for bad in [
+            AgentConfig {
+                max_connections_per_peer: 0,
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                handshake_timeout: Duration::ZERO,
+                ..AgentConfig::default()
+            },
+            AgentConfig {
+                idle_timeout: Some(Duration::from_millis(100)),
+                ..AgentConfig::default()
+            },
+        ] {
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains("connections") || e.contains("timeout"), "{e}");
+        }
     }
 
     #[test]

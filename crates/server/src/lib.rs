@@ -15,9 +15,11 @@
 
 mod agent;
 pub mod config;
+pub mod conns;
 pub mod dispatch;
 mod inproc;
 pub mod queue;
+pub mod reactor;
 pub mod region;
 pub mod registry;
 pub mod session;

@@ -1,106 +1,157 @@
-//! One socket connection, served on its own thread from hello to hang-up.
+//! [`SocketSession`]: one socket connection, from its Hello to its hang-up,
+//! run by the agent's [`reactor`](crate::reactor) workers.
 //!
-//! The thread that reads a request also runs it (through the model's queue)
-//! and writes its response, so an uncontended request never changes thread.
+//! The worker that reads a request also runs it (through the model's
+//! queue) and writes its response, so an uncontended request never changes
+//! thread. Between requests the session polls its socket for the spin
+//! budget (`socket_spin_us`) and then *parks*: the connection waits in the
+//! reactor's epoll set with no thread, and the next request wakes a worker
+//! that carries on here. The Hello is read the same way, so a connection
+//! that never sends one holds no thread either (the agent's reaper closes
+//! it at `handshake_timeout`). What was read of a message that has not
+//! fully arrived stays in the connection's buffer across parks, and the
+//! reaper closes a connection parked that way for `stall_timeout`; a
+//! payload is read blocking (bounded by the same `stall_timeout`).
+//!
 //! Requests on one connection are answered in order; clients may pipeline
-//! many (they are matched by id). Faults end only this connection:
-//! a bad header (the stream can no longer be trusted) gets an Error and a
-//! close; a bad request whose header is sound gets an Error, its payload is
+//! many (they are matched by id). Faults end only this connection: a bad
+//! header (the stream can no longer be trusted) gets an Error and a close;
+//! a bad request whose header is sound gets an Error, its payload is
 //! skipped and the session goes on.
 
+use crate::conns::{Phase, Slot};
 use crate::dispatch::{AgentCore, Reply};
+use crate::reactor::{Step, Task};
 use engine::TensorView;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use transport::{RecvError, StreamConn};
-use wire::{Kind, Stage, Status, Timeline};
+use wire::{Kind, Limits, Stage, Status, Timeline};
 
-/// Serves `conn` until the peer hangs up, breaks the protocol, or the agent
-/// shuts the socket down.
-pub fn serve(core: Arc<AgentCore>, mut conn: StreamConn) {
-    let limits = match handshake(&core, &mut conn) {
-        Some(l) => l,
-        None => return,
-    };
-    loop {
-        let (h, desc) = match conn.recv_head(&limits) {
-            Ok(m) => m,
-            Err(RecvError::TimedOut) if !core.is_closing() => continue,
-            Err(RecvError::Wire(e)) => {
-                // The stream cannot be resynchronised: say why, then close.
-                let _ = send(
-                    &conn,
-                    &core.fail(Reply::error(0, e.status(), &e.to_string())),
-                    &[],
-                );
-                return;
-            }
-            Err(_) => return,
-        };
-        let mut tl = Timeline::for_request(&h);
-        tl.stamp(Stage::Received);
-        let ok = if h.kind == Kind::Request {
-            match core.prepare(&h, &desc, &limits) {
-                Err(reply) => conn.skip_payload(h.payload_len).is_ok() && send(&conn, &reply, &[]),
-                Ok(prep) => {
-                    let mut buf = match core.pool.take(h.payload_len as usize) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            let r = Reply::error(
-                                h.request_id,
-                                Status::LimitExceeded,
-                                &format!("agent cannot allocate {} bytes: {e}", h.payload_len),
-                            );
-                            let _ = conn.skip_payload(h.payload_len);
-                            let _ = send(&conn, &core.fail(r), &[]);
-                            continue;
-                        }
-                    };
-                    if conn.recv_payload(&mut buf).is_err() {
-                        return;
-                    }
-                    tl.stamp(Stage::PayloadInPlace);
-                    let views = prep.views(&buf);
-                    let reply = core.execute(&prep, &views, &mut tl);
-                    send(&conn, &reply, &views)
-                }
-            }
-        } else {
-            // A Response sent the wrong way is the only other kind that may
-            // carry a payload (header rule 7): skip it, so that the stream
-            // stays in sync after the `unknown-kind` answer.
-            conn.skip_payload(h.payload_len).is_ok()
-                && send(&conn, &core.control(&h, &desc, &limits), &[])
-        };
-        if !ok {
-            return;
+/// One socket connection's state between its turns on a worker.
+pub struct SocketSession {
+    core: Arc<AgentCore>,
+    conn: StreamConn,
+    /// The limits in force, once the Hello is answered.
+    limits: Option<Limits>,
+    slot: Slot,
+}
+
+impl SocketSession {
+    /// A session for a freshly accepted `conn` (put in parking mode here),
+    /// holding `slot` in the agent's connection table until it ends.
+    pub fn new(core: Arc<AgentCore>, mut conn: StreamConn, slot: Slot) -> SocketSession {
+        conn.set_parking(true);
+        SocketSession {
+            core,
+            conn,
+            limits: None,
+            slot,
         }
+    }
+
+    /// Serves messages until none is ready (`Park`) or the connection ends.
+    fn serve(&mut self) -> Step {
+        // One count per turn on a worker, not per request: `self` must stay
+        // free to borrow mutably below.
+        let core = self.core.clone();
+        loop {
+            let limits = self.limits.as_ref().unwrap_or(&core.limits);
+            let (h, desc) = match self.conn.recv_head(limits) {
+                Ok(m) => m,
+                Err(RecvError::WouldBlock) if !core.is_closing() => return Step::Park,
+                Err(RecvError::Wire(e)) => {
+                    // The stream cannot be resynchronised: say why, then close.
+                    let r = core.fail(Reply::error(0, e.status(), &e.to_string()));
+                    let _ = send(&self.conn, &r, &[]);
+                    return Step::Done;
+                }
+                Err(_) => return Step::Done,
+            };
+            let Some(limits) = self.limits else {
+                // The first message: it must be a Hello.
+                match core.hello(&h, &desc) {
+                    Ok((limits, ack)) if send(&self.conn, &ack, &[]) => {
+                        self.limits = Some(limits);
+                        self.slot.set(Phase::Busy);
+                        continue;
+                    }
+                    Ok(_) => return Step::Done,
+                    Err(err) => {
+                        let _ = send(&self.conn, &err, &[]);
+                        return Step::Done;
+                    }
+                }
+            };
+            let ok = if h.kind == Kind::Request {
+                self.request(&h, &desc, &limits)
+            } else {
+                // A Response sent the wrong way is the only other kind that
+                // may carry a payload (header rule 7): skip it, so that the
+                // stream stays in sync after the `unknown-kind` answer.
+                self.conn.skip_payload(h.payload_len).is_ok()
+                    && send(&self.conn, &core.control(&h, &desc, &limits), &[])
+            };
+            if !ok {
+                return Step::Done;
+            }
+        }
+    }
+
+    /// One request: validate, read its payload in place, run, answer.
+    /// False when the connection must end.
+    fn request(&mut self, h: &wire::Header, desc: &[u8], limits: &Limits) -> bool {
+        let core = &*self.core;
+        let conn = &mut self.conn;
+        let mut tl = Timeline::for_request(h);
+        tl.stamp(Stage::Received);
+        let prep = match core.prepare(h, desc, limits) {
+            Ok(p) => p,
+            Err(reply) => {
+                return conn.skip_payload(h.payload_len).is_ok() && send(conn, &reply, &[])
+            }
+        };
+        let mut buf = match core.pool.take(h.payload_len as usize) {
+            Ok(b) => b,
+            Err(e) => {
+                let r = Reply::error(
+                    h.request_id,
+                    Status::LimitExceeded,
+                    &format!("agent cannot allocate {} bytes: {e}", h.payload_len),
+                );
+                return conn.skip_payload(h.payload_len).is_ok() && send(conn, &core.fail(r), &[]);
+            }
+        };
+        if conn.recv_payload(&mut buf).is_err() {
+            return false;
+        }
+        tl.stamp(Stage::PayloadInPlace);
+        let views = prep.views(&buf);
+        let reply = core.execute(&prep, &views, &mut tl);
+        send(conn, &reply, &views)
     }
 }
 
-/// Waits for the client's Hello and answers it; `None` ends the session.
-fn handshake(core: &AgentCore, conn: &mut StreamConn) -> Option<wire::Limits> {
-    loop {
-        match conn.recv_head(&core.limits) {
-            Ok((h, body)) => {
-                return match core.hello(&h, &body) {
-                    Ok((limits, ack)) => send(conn, &ack, &[]).then_some(limits),
-                    Err(err) => {
-                        let _ = send(conn, &err, &[]);
-                        None
-                    }
-                };
-            }
-            Err(RecvError::TimedOut) if !core.is_closing() => continue,
-            Err(RecvError::Wire(e)) => {
-                let _ = send(
-                    conn,
-                    &core.fail(Reply::error(0, e.status(), &e.to_string())),
-                    &[],
-                );
-                return None;
-            }
-            Err(_) => return None,
+impl Task for SocketSession {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.conn.as_fd()
+    }
+
+    fn run(&mut self) -> Step {
+        if self.limits.is_some() {
+            self.slot.set(Phase::Busy);
         }
+        let step = self.serve();
+        if step == Step::Park && self.limits.is_some() {
+            // Sockets answer in order: parked means nothing in flight,
+            // unless part of the next message came and the rest did not.
+            self.slot.set(if self.conn.has_buffered() {
+                Phase::Stalled
+            } else {
+                Phase::Idle
+            });
+        }
+        step
     }
 }
 

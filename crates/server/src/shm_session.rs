@@ -1,9 +1,13 @@
-//! One shared-memory session (`shm://name`), served on its own thread from
-//! the bootstrap to the client's departure.
+//! [`ShmSession`]: one shared-memory session (`shm://name`), from the
+//! bootstrap to the client's departure, run by the agent's
+//! [`reactor`](crate::reactor) workers.
 //!
-//! The accept thread only accepts the control socket; this thread answers
-//! the Hello ([`ShmChannel::accept`]: it creates the session's private,
-//! sealed arena and passes it over the socket), then serves the rings.
+//! The accept thread only accepts the control socket and parks the session
+//! in the reactor; once the client's whole Hello has arrived, a worker
+//! answers it ([`ShmChannel::accept`]: it creates the session's private,
+//! sealed arena and passes it over the socket), then serves the rings. A
+//! client that connects and never says Hello holds no thread, and is closed
+//! at `handshake_timeout`.
 //!
 //! **Placement.** The arena's data area is split in two: the client's
 //! region `[0, client_len)` holds input tensors the client wrote in place;
@@ -22,50 +26,61 @@
 //! client's to read until it sends `Release` with the response's
 //! `request_id`; a response that does not fit gets `limit-exceeded`.
 //!
-//! **Waiting.** Between messages the thread waits with
-//! [`ShmChannel::recv`]: it spins on the request ring for `shm_spin_us`
-//! (default 50 µs; `AgentConfig::shm_spin_us`, TOML `[shm] spin_us`) — a
-//! client sending again within that window is served without any syscall
-//! or wake-up — then marks itself asleep in the arena's agent sleep word and
-//! sleeps on it (futex) in 250 ms slices; the client's send wakes it only
-//! when that word says it sleeps. Between slices it checks the control
-//! socket: a client that exited or was killed is noticed within a slice, and
-//! the session ends (its arena is unmapped when the channel drops; the
-//! thread is not running a request then, so nothing writes into freed
-//! memory). An idle session costs no CPU but one poll per slice. A spin of
-//! 0 sleeps at once (lowest CPU, ~5 µs more per request for the wake-up);
-//! longer spins help clients that pipeline, but each spinning session
-//! holds a core that engine threads may need on small machines.
+//! **Waiting.** Between messages the worker waits with
+//! [`ShmChannel::recv_or_park`]: it spins on the request ring for
+//! `shm_spin_us` (default 50 µs; `AgentConfig::shm_spin_us`, TOML `[shm]
+//! spin_us`) — a client sending again within that window is served without
+//! any syscall or wake-up — then marks itself asleep in the arena's agent
+//! sleep word and sleeps on it (futex) in slices of at most 250 ms; the
+//! client's send wakes it only when that word says it sleeps. Between
+//! slices it checks the control socket: a client that exited or was killed
+//! is noticed, and the session ends (its arena is unmapped when the channel
+//! drops; no request is running then, so nothing writes into freed memory).
+//! After `shm_park_after` (default 250 ms) with no message the session
+//! *parks*: its sleep word says so, the worker goes back to the reactor, and
+//! the session waits in the epoll set on its control socket, holding no
+//! thread. The client's next send sees the word and wakes it with one byte
+//! on that socket (PROTOCOL §14.9); a client that dies hangs the socket up,
+//! which wakes it too. A spin of 0 sleeps at once (lowest CPU, ~5 µs more
+//! per request for the wake-up); longer spins help clients that pipeline,
+//! but each spinning session holds a core that engine threads may need on
+//! small machines.
 //!
-//! When the response ring is full (the client is not reading), the thread
+//! When the response ring is full (the client is not reading), the worker
 //! retries with a growing pause up to `stall_timeout`, then closes the
-//! session; other sessions have their own threads and are not affected.
+//! session; other sessions are served by other workers and not affected.
 //!
 //! **Faults.** A message that cannot be decoded or a ring whose indices are
 //! impossible gets an Error with request id 0 (if the response ring still
 //! takes one) and the session is closed: the ring cannot be trusted to be
 //! in sync any more. Agent shutdown refuses new requests (`shutting-down`),
 //! lets the one in flight finish, then closes the control socket and wakes
-//! the thread.
+//! the session.
 
+use crate::conns::{Phase, Slot};
 use crate::dispatch::{AgentCore, Counters, Prepared, Reply};
+use crate::reactor::{Step, Task};
 use crate::region::{Blocks, OutputRegion};
 use engine::{OutputData, TensorView};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use transport::shm::{futex, layout::AGENT_SLEEP, Arena, Layout, ShmChannel, ShmError};
 use transport::shm::{ShmSizes, WaitPolicy, SLOT_LEN};
-use wire::{Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline};
+use wire::{Header, Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline, HEADER_LEN};
 
 /// How shared-memory sessions are set up and wait (from `AgentConfig`).
 #[derive(Clone, Copy, Debug)]
 pub struct ShmSettings {
     /// Arena sizes of each session.
     pub sizes: ShmSizes,
-    /// How long a session thread spins before it sleeps.
+    /// How long a session spins before it sleeps.
     pub spin: Duration,
+    /// How long a session with no message sleeps on its futex before it
+    /// parks (gives its worker back).
+    pub park_after: Duration,
     /// Bounds the bootstrap and a wait for room in a full response ring.
     pub stall: Duration,
 }
@@ -89,8 +104,8 @@ impl ShmHandle {
     }
 
     /// Closes the session: shuts its control socket down (the client sees
-    /// the agent gone; the session thread sees its peer gone) and wakes the
-    /// thread if it sleeps, so it notices at once.
+    /// the agent gone; a parked session sees its peer gone) and wakes the
+    /// session if it sleeps on its futex, so it notices at once.
     pub fn close(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
         let arena = self
@@ -106,79 +121,224 @@ impl ShmHandle {
     }
 }
 
-/// Serves one shared-memory session on the calling thread: bootstrap over
-/// `sock`, then requests until the client leaves, breaks the protocol, or
-/// the agent closes `handle`.
-pub fn serve(core: Arc<AgentCore>, sock: UnixStream, cfg: ShmSettings, handle: &ShmHandle) {
-    let (ch, limits) = match ShmChannel::accept(sock, &core.limits, cfg.sizes, cfg.stall) {
-        Ok(x) => x,
-        Err(ShmError::Wire(_) | ShmError::Bootstrap(_)) => {
-            // `accept` answered a bad Hello with an Error itself.
-            core.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        Err(_) => return,
-    };
-    *handle.arena.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(ch.arena());
-    let layout = *ch.layout();
-    let arena = ch.arena().clone();
-    let mut s = Session {
-        arena: &arena,
-        region: OutputRegion::new(layout.agent_len()),
-        core: &core,
-        ch,
-        limits,
-        layout,
-        stall: cfg.stall,
-    };
-    let policy = WaitPolicy {
-        spin: cfg.spin,
-        slice: WaitPolicy::AGENT.slice,
-    };
-    // Shutdown closed the socket before it could know the arena (and wake
-    // this thread through it)?
-    if !s.ch.peer_alive() {
-        s.ch.close();
-        return;
-    }
-    loop {
-        let (h, desc) = match s.ch.recv(&s.limits, policy, None) {
-            Ok(m) => m,
-            Err(ShmError::Wire(e)) => {
-                s.fatal(e.status(), &e.to_string());
-                break;
-            }
-            Err(ShmError::Ring(e)) => {
-                s.fatal(Status::Malformed, &e.to_string());
-                break;
-            }
-            Err(_) => break,
-        };
-        let ok = match h.kind {
-            Kind::Request => s.request(&h, &desc),
-            Kind::Release => s.release(&h, &desc),
-            _ => {
-                let r = s.core.control(&h, &desc, &s.limits);
-                s.send(&r)
-            }
-        };
-        if !ok {
-            break;
-        }
-    }
-    s.ch.close();
+/// One shared-memory session between its turns on a worker.
+pub struct ShmSession {
+    core: Arc<AgentCore>,
+    cfg: ShmSettings,
+    handle: Arc<ShmHandle>,
+    slot: Slot,
+    state: State,
 }
 
-/// A session's state. The agent core and the arena are borrowed from
-/// [`serve`], which owns them: a request copies the references instead of
-/// cloning `Arc`s (two atomic read-modify-writes each, on every request).
-struct Session<'a> {
-    core: &'a AgentCore,
+enum State {
+    /// Accepted; waiting for the whole Hello.
+    Hello(UnixStream),
+    /// Bootstrapped.
+    Serving(Box<Serving>),
+    /// Over (the bootstrap failed).
+    Gone,
+}
+
+/// A bootstrapped session's own state (the parts [`Session`] borrows).
+struct Serving {
     ch: ShmChannel,
-    arena: &'a Arena,
+    arena: Arc<Arena>,
     layout: Layout,
     limits: Limits,
     region: OutputRegion,
+    parked: bool,
+}
+
+impl ShmSession {
+    /// A session for a freshly accepted control socket, holding `slot` in
+    /// the agent's connection table until it ends; `handle` is how the
+    /// agent closes it.
+    pub fn new(
+        core: Arc<AgentCore>,
+        sock: UnixStream,
+        cfg: ShmSettings,
+        handle: Arc<ShmHandle>,
+        slot: Slot,
+    ) -> ShmSession {
+        ShmSession {
+            core,
+            cfg,
+            handle,
+            slot,
+            state: State::Hello(sock),
+        }
+    }
+
+    /// Answers the Hello once it has arrived whole (else `Park`): reading a
+    /// part of it would block a worker on a slow or hostile client.
+    fn bootstrap(&mut self) -> Step {
+        let State::Hello(sock) = &self.state else {
+            return Step::Done;
+        };
+        match hello_arrived(sock) {
+            Ok(false) => return Step::Park,
+            Ok(true) => {}
+            Err(_) => return Step::Done,
+        }
+        let State::Hello(sock) = std::mem::replace(&mut self.state, State::Gone) else {
+            return Step::Done;
+        };
+        let core = &*self.core;
+        let (ch, limits) =
+            match ShmChannel::accept(sock, &core.limits, self.cfg.sizes, self.cfg.stall) {
+                Ok(x) => x,
+                Err(ShmError::Wire(_) | ShmError::Bootstrap(_)) => {
+                    // `accept` answered a bad Hello with an Error itself.
+                    core.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    return Step::Done;
+                }
+                Err(_) => return Step::Done,
+            };
+        *self.handle.arena.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(ch.arena());
+        // Shutdown closed the socket before it could know the arena (and
+        // wake this session through it)?
+        if !ch.peer_alive() {
+            ch.close();
+            return Step::Done;
+        }
+        self.slot.set(Phase::Busy);
+        let layout = *ch.layout();
+        self.state = State::Serving(Box::new(Serving {
+            arena: ch.arena().clone(),
+            region: OutputRegion::new(layout.agent_len()),
+            ch,
+            layout,
+            limits,
+            parked: false,
+        }));
+        self.serve()
+    }
+
+    /// Serves the rings until the session parks or ends.
+    fn serve(&mut self) -> Step {
+        let State::Serving(st) = &mut self.state else {
+            return Step::Done;
+        };
+        if st.parked {
+            if st.ch.unpark().is_err() {
+                st.ch.close();
+                return Step::Done;
+            }
+            st.parked = false;
+        }
+        let policy = WaitPolicy {
+            spin: self.cfg.spin,
+            slice: WaitPolicy::AGENT.slice,
+        };
+        let mut s = Session {
+            core: &self.core,
+            arena: &st.arena,
+            ch: &mut st.ch,
+            layout: st.layout,
+            limits: st.limits,
+            region: &mut st.region,
+            stall: self.cfg.stall,
+        };
+        loop {
+            let (h, desc) = match s.ch.recv_or_park(&s.limits, policy, self.cfg.park_after) {
+                Ok(Some(m)) => m,
+                Ok(None) if !s.core.is_closing() => {
+                    st.parked = true;
+                    return Step::Park;
+                }
+                Ok(None) => break,
+                Err(ShmError::Wire(e)) => {
+                    s.fatal(e.status(), &e.to_string());
+                    break;
+                }
+                Err(ShmError::Ring(e)) => {
+                    s.fatal(Status::Malformed, &e.to_string());
+                    break;
+                }
+                Err(_) => break,
+            };
+            let ok = match h.kind {
+                Kind::Request => s.request(&h, &desc),
+                Kind::Release => s.release(&h, &desc),
+                _ => {
+                    let r = s.core.control(&h, &desc, &s.limits);
+                    s.send(&r)
+                }
+            };
+            if !ok {
+                break;
+            }
+        }
+        s.ch.close();
+        Step::Done
+    }
+}
+
+/// True once a whole message (header and body) waits on `sock`, looked at
+/// without reading it; an error when the peer hung up.
+fn hello_arrived(sock: &UnixStream) -> std::io::Result<bool> {
+    use rustix::net::{recv, RecvFlags};
+    let mut buf = [0u8; 256];
+    let peek = |buf: &mut [u8]| match recv(sock, buf, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+        Ok((n, _)) => Ok(Some(n)),
+        Err(rustix::io::Errno::AGAIN) => Ok(None),
+        Err(e) => Err(std::io::Error::from(e)),
+    };
+    let n = match peek(&mut buf)? {
+        None => return Ok(false),
+        Some(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+        Some(n) => n,
+    };
+    if n < HEADER_LEN {
+        return Ok(false);
+    }
+    // A header that does not decode, or a body longer than a Hello can
+    // be, is for `accept` to refuse: "arrived" enough.
+    let Ok(h) = Header::decode(&buf[..HEADER_LEN]) else {
+        return Ok(true);
+    };
+    let whole = HEADER_LEN + h.desc_len as usize;
+    Ok(whole > buf.len() || n >= whole)
+}
+
+impl Task for ShmSession {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match &self.state {
+            State::Hello(sock) => sock.as_fd(),
+            State::Serving(st) => st.ch.as_fd(),
+            // Never parked in this state: any open descriptor will do.
+            State::Gone => self.handle.sock.as_fd(),
+        }
+    }
+
+    fn run(&mut self) -> Step {
+        let step = match self.state {
+            State::Hello(_) => self.bootstrap(),
+            State::Serving(_) => {
+                self.slot.set(Phase::Busy);
+                self.serve()
+            }
+            State::Gone => Step::Done,
+        };
+        if step == Step::Park && matches!(self.state, State::Serving(_)) {
+            // Parked only after a quiet spell, its responses all sent.
+            self.slot.set(Phase::Idle);
+        }
+        step
+    }
+}
+
+/// A session's working view, for one turn on a worker: the agent core, the
+/// arena and the session's state, borrowed (a request copies references
+/// instead of cloning `Arc`s — two atomic read-modify-writes each, on every
+/// request).
+struct Session<'a> {
+    core: &'a AgentCore,
+    ch: &'a mut ShmChannel,
+    arena: &'a Arena,
+    layout: Layout,
+    limits: Limits,
+    region: &'a mut OutputRegion,
     stall: Duration,
 }
 

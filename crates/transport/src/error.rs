@@ -40,6 +40,11 @@ pub enum RecvError {
     /// stream is still in sync and may be read again.
     #[error("timed out waiting for a message")]
     TimedOut,
+    /// Parking mode ([`crate::StreamConn::set_parking`]): the next message
+    /// has not (entirely) arrived and the read would block. What did arrive
+    /// is kept; call again when the socket is readable.
+    #[error("no complete message yet")]
+    WouldBlock,
     /// The header is invalid or over the limits: the stream cannot be
     /// trusted any more and the connection should be closed.
     #[error("{0}")]

@@ -31,6 +31,7 @@
 //! connection is done.
 
 use crate::error::RecvError;
+use crate::peer::PeerId;
 use crate::spin::{Spin, SpinGate, SpinSlots, SOCKET_POLLERS};
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
@@ -39,6 +40,7 @@ use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Duration;
 use wire::{align_up, Header, Limits, HEADER_LEN};
 
@@ -72,10 +74,13 @@ pub struct StreamStats {
     pub spins_crowded: u64,
 }
 
-#[derive(Debug)]
+/// The socket, shared (not `dup`ed) between a [`StreamConn`] and its
+/// [`StreamWriter`]s: one file descriptor per connection, which is what
+/// bounds how many connections an agent can hold (`RLIMIT_NOFILE`).
+#[derive(Debug, Clone)]
 enum Sock {
-    Unix(UnixStream),
-    Tcp(TcpStream),
+    Unix(Arc<UnixStream>),
+    Tcp(Arc<TcpStream>),
 }
 
 impl Sock {
@@ -88,21 +93,23 @@ impl Sock {
 
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Sock::Unix(s) => s.read(buf),
-            Sock::Tcp(s) => s.read(buf),
+            Sock::Unix(s) => (&**s).read(buf),
+            Sock::Tcp(s) => (&**s).read(buf),
         }
     }
 
     /// Reads what is there, spinning first if `gate` grants a budget (see
-    /// the module docs), then blocking as [`Sock::read`] does.
+    /// the module docs), then blocking as [`Sock::read`] does — or, when
+    /// `block` is false, failing with `WouldBlock` instead of blocking.
     fn read_waiting(
         &mut self,
         buf: &mut [u8],
         gate: &mut SpinGate,
         slots: &SpinSlots,
         stats: &mut StreamStats,
+        block: bool,
     ) -> io::Result<usize> {
-        if gate.budget().is_zero() || buf.is_empty() {
+        if (gate.budget().is_zero() || buf.is_empty()) && block {
             return self.read(buf);
         }
         let mut spin: Option<Spin> = None;
@@ -141,14 +148,11 @@ impl Sock {
             stats.spins_missed += 1;
             gate.record(false);
         }
-        self.read(buf)
-    }
-
-    fn try_clone(&self) -> io::Result<Sock> {
-        Ok(match self {
-            Sock::Unix(s) => Sock::Unix(s.try_clone()?),
-            Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
-        })
+        if block {
+            self.read(buf)
+        } else {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
     }
 
     fn shutdown(&self, how: Shutdown) -> io::Result<()> {
@@ -173,6 +177,7 @@ pub struct StreamConn {
     gate: SpinGate,
     slots: &'static SpinSlots,
     peer: String,
+    parking: bool,
 }
 
 /// A send-only handle on a [`StreamConn`]'s socket.
@@ -192,12 +197,13 @@ impl StreamConn {
             gate: SpinGate::new(Duration::ZERO),
             slots: &SOCKET_POLLERS,
             peer,
+            parking: false,
         }
     }
 
     /// Wraps a connected Unix stream.
     pub fn from_unix(s: UnixStream, peer: String) -> StreamConn {
-        StreamConn::new(Sock::Unix(s), peer)
+        StreamConn::new(Sock::Unix(Arc::new(s)), peer)
     }
 
     /// Wraps a connected TCP stream, setting `TCP_NODELAY` to `nodelay`.
@@ -206,7 +212,25 @@ impl StreamConn {
         let peer = s
             .peer_addr()
             .map_or_else(|_| "tcp peer".to_string(), |a| a.to_string());
-        Ok(StreamConn::new(Sock::Tcp(s), peer))
+        Ok(StreamConn::new(Sock::Tcp(Arc::new(s)), peer))
+    }
+
+    /// Who is on the other end, for per-peer limits ([`PeerId`]).
+    pub fn peer_id(&self) -> io::Result<PeerId> {
+        match &self.sock {
+            Sock::Unix(s) => PeerId::of_unix(s),
+            Sock::Tcp(s) => PeerId::of_tcp(s),
+        }
+    }
+
+    /// Parking mode, for a server that keeps waiting connections in an
+    /// event set instead of a thread each: [`StreamConn::recv_head`] no
+    /// longer blocks for the next message (after its spin, if any) but
+    /// returns [`RecvError::WouldBlock`], keeping whatever part of the
+    /// header and descriptor section has arrived for the next call. Payload
+    /// reads still block (bounded by the read timeout).
+    pub fn set_parking(&mut self, on: bool) {
+        self.parking = on;
     }
 
     /// A human-readable name for the peer (for logs and errors).
@@ -249,10 +273,11 @@ impl StreamConn {
         }
     }
 
-    /// A send-only handle sharing this socket.
+    /// A send-only handle sharing this socket (the same file descriptor:
+    /// the socket closes when the last handle drops).
     pub fn writer(&self) -> io::Result<StreamWriter> {
         Ok(StreamWriter {
-            sock: self.sock.try_clone()?,
+            sock: self.sock.clone(),
         })
     }
 
@@ -275,14 +300,19 @@ impl StreamConn {
     /// decoded and checked against `limits` before the descriptor section is
     /// read; the payload is left unread for [`StreamConn::recv_payload`] or
     /// [`StreamConn::skip_payload`].
+    ///
+    /// Nothing is consumed until header and descriptor section are both
+    /// buffered, so in parking mode a call that returns
+    /// [`RecvError::WouldBlock`] halfway through can simply be repeated.
     pub fn recv_head(&mut self, limits: &Limits) -> Result<(Header, Vec<u8>), RecvError> {
-        self.fill(HEADER_LEN, true)?;
+        let park = self.parking;
+        self.fill(HEADER_LEN, true, park)?;
         let header = Header::decode(&self.staging[self.start..self.start + HEADER_LEN])?;
         header.check_limits(limits)?;
+        let dlen = header.desc_len as usize;
+        self.fill(HEADER_LEN + dlen, false, park)?;
         self.start += HEADER_LEN;
         self.stats.messages += 1;
-        let dlen = header.desc_len as usize;
-        self.fill(dlen, false)?;
         let desc = self.staging[self.start..self.start + dlen].to_vec();
         self.start += dlen;
         Ok((header, desc))
@@ -301,6 +331,7 @@ impl StreamConn {
                 &mut self.gate,
                 self.slots,
                 &mut self.stats,
+                true,
             ) {
                 Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
                 Ok(n) => pos += n,
@@ -320,7 +351,7 @@ impl StreamConn {
             if self.start == self.end {
                 self.start = 0;
                 self.end = 0;
-                self.fill(1, false)?;
+                self.fill(1, false, false)?;
             }
             let n = ((self.end - self.start) as u64).min(len);
             self.start += n as usize;
@@ -330,8 +361,10 @@ impl StreamConn {
     }
 
     /// Ensures `n` bytes are buffered from `start`. `at_boundary` says the
-    /// caller is between messages, where EOF and timeouts are benign.
-    fn fill(&mut self, n: usize, at_boundary: bool) -> Result<(), RecvError> {
+    /// caller is between messages, where EOF and timeouts are benign;
+    /// `park` that a read which would block returns
+    /// [`RecvError::WouldBlock`] instead (what arrived stays buffered).
+    fn fill(&mut self, n: usize, at_boundary: bool, park: bool) -> Result<(), RecvError> {
         if self.end - self.start >= n {
             return Ok(());
         }
@@ -355,17 +388,27 @@ impl StreamConn {
                 &mut self.gate,
                 self.slots,
                 &mut self.stats,
+                !park,
             ) {
                 Ok(0) if empty => return Err(RecvError::Closed),
                 Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
                 Ok(k) => self.end += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if park && e.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(RecvError::WouldBlock)
+                }
                 Err(e) if is_timeout(&e) && empty => return Err(RecvError::TimedOut),
                 Err(e) if is_timeout(&e) => return Err(mid_message(io::ErrorKind::TimedOut)),
                 Err(e) => return Err(RecvError::Io(e)),
             }
         }
         Ok(())
+    }
+}
+
+impl AsFd for StreamConn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.fd()
     }
 }
 

@@ -25,9 +25,21 @@ pub struct Args {
     /// ONNX Runtime inter-op threads.
     #[arg(long)]
     inter_threads: Option<usize>,
-    /// Most connections open at once.
+    /// Most connections open at once, agent-wide (default 8192).
     #[arg(long)]
     max_connections: Option<usize>,
+    /// Most connections one peer may hold: per uid over unix and shm, per
+    /// source address over tcp (default 1024).
+    #[arg(long)]
+    max_connections_per_peer: Option<usize>,
+    /// Milliseconds a new connection has to complete its Hello before it is
+    /// closed (default 3000).
+    #[arg(long)]
+    handshake_timeout_ms: Option<u64>,
+    /// Milliseconds a session may sit idle before it is closed (0 = never,
+    /// the default).
+    #[arg(long)]
+    idle_timeout_ms: Option<u64>,
     /// Largest request payload in bytes.
     #[arg(long)]
     max_payload: Option<u64>,
@@ -67,6 +79,15 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     }
     if let Some(n) = a.max_connections {
         cfg.max_connections = n;
+    }
+    if let Some(n) = a.max_connections_per_peer {
+        cfg.max_connections_per_peer = n;
+    }
+    if let Some(ms) = a.handshake_timeout_ms {
+        cfg.handshake_timeout = Duration::from_millis(ms);
+    }
+    if let Some(ms) = a.idle_timeout_ms {
+        cfg.idle_timeout = (ms > 0).then(|| Duration::from_millis(ms));
     }
     if let Some(n) = a.max_payload {
         cfg.limits.max_payload = n;

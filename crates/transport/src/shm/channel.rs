@@ -15,6 +15,13 @@
 //! sleeps on it (futex) in slices, checking between slices that the peer is
 //! still alive. A sender wakes the peer only when that word says it sleeps,
 //! so busy sessions make no syscalls at all.
+//!
+//! Parking: the agent can hand a session that has been quiet for a while
+//! back to its event loop instead of keeping a thread asleep on the futex
+//! ([`ShmChannel::recv_or_park`]). It then sets its sleep word to
+//! [`SLEEP_PARKED`], and a sender that finds that value wakes it with one
+//! byte on the control socket, which the event loop watches (with the
+//! peer's hang-up) — the futex cannot be watched by `epoll`.
 
 use crate::shm::fdpass::{recv_with_fd, send_with_fd};
 use crate::shm::layout::{Layout, AGENT_SLEEP, CLIENT_SLEEP};
@@ -23,6 +30,7 @@ use crate::shm::{futex, Arena};
 use crate::spin::Spin;
 use rustix::event::{poll, PollFd, PollFlags};
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -64,6 +72,12 @@ pub enum ShmError {
     #[error("timed out waiting for the peer")]
     TimedOut,
 }
+
+/// Sleep-word value of a side that sleeps on the futex (PROTOCOL §14.9).
+pub const SLEEP_FUTEX: u32 = 1;
+/// Sleep-word value of a side that waits on its control socket instead of
+/// the futex: a sender wakes it by writing one byte there (PROTOCOL §14.9).
+pub const SLEEP_PARKED: u32 = 2;
 
 /// Sizes of a session's arena (the agent decides them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,9 +275,16 @@ impl ShmChannel {
         let mut h = Header::new(Kind::Hello);
         h.request_id = request_id;
         h.desc_len = body.len() as u32;
-        sock.write_all(&[&h.encode()[..], &body].concat())?;
+        // An agent that refuses the session answers at once and closes,
+        // maybe before this write: its answer is still there to read, and
+        // says more than the broken pipe.
+        let unsent = sock.write_all(&[&h.encode()[..], &body].concat()).err();
         let mut first = [0u8; HEADER_LEN];
-        let (n, fd) = recv_with_fd(&sock, &mut first)?;
+        let (n, fd) = match (recv_with_fd(&sock, &mut first), unsent) {
+            (Ok((0, _)), Some(e)) | (Err(_), Some(e)) => return Err(e.into()),
+            (Ok(got), _) => got,
+            (Err(e), None) => return Err(e.into()),
+        };
         if n == 0 {
             return Err(ShmError::PeerGone);
         }
@@ -352,11 +373,32 @@ impl ShmChannel {
         // message when it re-checks, or we see its sleep word set.
         fence(Ordering::SeqCst);
         let peer = self.peer_sleep();
-        if peer.load(Ordering::SeqCst) != 0 {
-            peer.store(0, Ordering::SeqCst);
-            futex::wake(peer, 1)?;
+        let word = peer.load(Ordering::SeqCst);
+        if word != 0 {
+            self.wake_peer(word)?;
         }
         Ok(true)
+    }
+
+    /// Wakes a peer whose sleep word reads `word` (not 0): on the futex, or
+    /// with a byte on the control socket when it is parked there.
+    #[cold]
+    fn wake_peer(&self, word: u32) -> Result<(), ShmError> {
+        let peer = self.peer_sleep();
+        peer.store(0, Ordering::SeqCst);
+        if word == SLEEP_PARKED {
+            use rustix::net::{send, SendFlags};
+            match send(&self.sock, &[1], SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+                // A full socket already holds wake-up bytes the peer has not
+                // read; a closed one means the peer is gone, which the next
+                // wait notices.
+                Ok(_) | Err(rustix::io::Errno::AGAIN | rustix::io::Errno::PIPE) => Ok(()),
+                Err(e) => Err(ShmError::Io(e.into())),
+            }
+        } else {
+            futex::wake(peer, 1)?;
+            Ok(())
+        }
     }
 
     /// Takes the next message if one is there. Its header is checked
@@ -390,10 +432,58 @@ impl ShmChannel {
         policy: WaitPolicy,
         limit: Option<Duration>,
     ) -> Result<(Header, Vec<u8>), ShmError> {
+        match self.wait(limits, policy, limit, None)? {
+            Some(m) => Ok(m),
+            None => Err(ShmError::TimedOut),
+        }
+    }
+
+    /// As [`ShmChannel::recv`] with no time limit, except that after
+    /// `park_after` without a message it parks instead of sleeping on:
+    /// sets its sleep word to [`SLEEP_PARKED`] and returns `Ok(None)`. The
+    /// caller then waits for the control socket ([`AsFd`]) to become
+    /// readable — a sender's wake-up byte, or the peer's hang-up — and
+    /// calls [`ShmChannel::unpark`] before receiving again.
+    pub fn recv_or_park(
+        &mut self,
+        limits: &Limits,
+        policy: WaitPolicy,
+        park_after: Duration,
+    ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
+        self.wait(limits, policy, None, Some(park_after))
+    }
+
+    /// After [`ShmChannel::recv_or_park`] parked and the control socket
+    /// became readable: takes the wake-up bytes off it and marks this side
+    /// awake. `PeerGone` when the socket was closed instead.
+    pub fn unpark(&mut self) -> Result<(), ShmError> {
+        use rustix::net::{recv, RecvFlags};
+        self.my_sleep().store(0, Ordering::SeqCst);
+        let mut bytes = [0u8; 64];
+        loop {
+            match recv(&self.sock, &mut bytes, RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Err(ShmError::PeerGone),
+                Ok(_) => {}
+                Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return Err(ShmError::PeerGone),
+            }
+        }
+    }
+
+    /// The wait loop of `recv` and `recv_or_park`: `Ok(None)` when `limit`
+    /// ran out (`recv`) or the side parked (`park_after`).
+    fn wait(
+        &mut self,
+        limits: &Limits,
+        policy: WaitPolicy,
+        limit: Option<Duration>,
+        park_after: Option<Duration>,
+    ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
         let mut spin = Spin::new(policy.spin, 64);
         loop {
             if let Some(m) = self.try_recv(limits)? {
-                return Ok(m);
+                return Ok(Some(m));
             }
             if spin.again() {
                 continue;
@@ -401,13 +491,26 @@ impl ShmChannel {
             let since = spin.elapsed();
             let left = limit.map(|l| l.saturating_sub(since));
             if left.is_some_and(|l| l.is_zero()) {
-                return Err(ShmError::TimedOut);
+                return Ok(None);
+            }
+            if park_after.is_some_and(|p| since >= p) {
+                // The same handshake as a futex sleep (§14.9): word, fence,
+                // look again; a sender that published before seeing the
+                // word is seen here, one that publishes after sees it.
+                self.my_sleep().store(SLEEP_PARKED, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                if !self.rx.ready() {
+                    return Ok(None);
+                }
+                self.my_sleep().store(0, Ordering::SeqCst);
+                continue;
             }
             let slice = left.map_or(policy.slice, |l| l.min(policy.slice));
-            self.my_sleep().store(1, Ordering::SeqCst);
+            let slice = park_after.map_or(slice, |p| slice.min(p.saturating_sub(since)));
+            self.my_sleep().store(SLEEP_FUTEX, Ordering::SeqCst);
             fence(Ordering::SeqCst);
             if !self.rx.ready() {
-                futex::wait(self.my_sleep(), 1, Some(slice))?;
+                futex::wait(self.my_sleep(), SLEEP_FUTEX, Some(slice))?;
             }
             self.my_sleep().store(0, Ordering::SeqCst);
             if !self.rx.ready() && !self.peer_alive() {
@@ -450,6 +553,13 @@ impl ShmChannel {
     /// Closes the control socket: the peer sees this side as gone.
     pub fn close(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The control socket: what a parked side waits on.
+impl AsFd for ShmChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 }
 
@@ -549,6 +659,52 @@ mod tests {
             c.recv(&limits, WaitPolicy::CLIENT, None),
             Err(ShmError::PeerGone)
         ));
+    }
+
+    /// Waits up to 2 s for `fd` to be readable (what an event loop does).
+    fn readable(fd: BorrowedFd<'_>) -> bool {
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let ts = rustix::time::Timespec {
+            tv_sec: 2,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&ts)), Ok(1))
+    }
+
+    #[test]
+    fn a_parked_side_is_woken_through_its_control_socket() {
+        let (mut c, mut a, limits) = pair(small());
+        let quick = WaitPolicy {
+            spin: Duration::ZERO,
+            slice: Duration::from_millis(5),
+        };
+        for round in 0..3 {
+            // Nothing to read: the agent parks after 10 ms.
+            let got = a.recv_or_park(&limits, quick, Duration::from_millis(10));
+            assert!(matches!(got, Ok(None)), "round {round}: {got:?}");
+            assert_eq!(
+                a.arena.atomic_u32(AGENT_SLEEP).load(Ordering::SeqCst),
+                SLEEP_PARKED
+            );
+            assert!(!readable(a.as_fd()) || round > 0, "no byte before a send");
+            let mut h = Header::new(Kind::Ping);
+            h.request_id = round;
+            assert!(c.send(&h, &[]).unwrap());
+            assert!(readable(a.as_fd()), "the send wrote a wake-up byte");
+            a.unpark().unwrap();
+            let (got, _) = a
+                .recv(&limits, quick, Some(Duration::from_secs(1)))
+                .unwrap();
+            assert_eq!(got.request_id, round);
+        }
+        // A parked side whose peer leaves sees it on the same socket.
+        assert!(matches!(
+            a.recv_or_park(&limits, quick, Duration::ZERO),
+            Ok(None)
+        ));
+        drop(c);
+        assert!(readable(a.as_fd()));
+        assert!(matches!(a.unpark(), Err(ShmError::PeerGone)));
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub mod layout;
 pub mod ring;
 
 pub use arena::Arena;
-pub use channel::{control_path, ShmChannel, ShmError, ShmSizes, WaitPolicy};
+pub use channel::{
+    control_path, ShmChannel, ShmError, ShmSizes, WaitPolicy, SLEEP_FUTEX, SLEEP_PARKED,
+};
 pub use layout::Layout;
 pub use ring::{Ring, RingError, SLOT_LEN};

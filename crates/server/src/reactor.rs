@@ -1,0 +1,435 @@
+//! [`Reactor`]: the agent's worker threads, and the connections that wait
+//! without one.
+//!
+//! A connection that is waiting — for its Hello, or between requests once
+//! its session has gone quiet — is *parked*: its [`Task`] (the session's
+//! state and buffers) sits in a table and its descriptor in one epoll set,
+//! armed one-shot for "readable or hung up". It holds no thread. Workers
+//! wait in `epoll_wait` themselves, so when a parked connection becomes
+//! readable the kernel wakes one worker and that worker runs the task on
+//! the spot: the same single wake-up a thread blocked in `read` would have
+//! cost, and no hand-off between threads. The task then serves the
+//! connection for as long as it stays busy (spinning briefly between
+//! requests, as sessions always did) and parks again when it goes quiet.
+//! A busy connection keeps its worker exactly as it used to keep a thread
+//! of its own; an idle one costs its memory and its descriptor only.
+//!
+//! One-shot arming is what makes this safe without locks around a task:
+//! an armed descriptor is reported to one worker, and is not armed again
+//! until that worker has put the task back in the table.
+//!
+//! The pool grows when a worker takes a task and no other is left waiting
+//! (so a ready connection never waits behind a busy one), up to
+//! `max_workers`, and a worker with nothing to do for [`RETIRE_AFTER`]
+//! exits, down to [`MIN_WORKERS`].
+
+use rustix::event::epoll::{self, Event, EventData, EventFlags};
+use rustix::event::{eventfd, EventfdFlags};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Workers kept even when there is nothing to do.
+pub const MIN_WORKERS: usize = 2;
+/// A worker that waited this long without a task exits (above
+/// [`MIN_WORKERS`]).
+pub const RETIRE_AFTER: Duration = Duration::from_secs(10);
+
+/// The epoll key of the stop signal (task keys start at 1).
+const STOP_KEY: u64 = 0;
+
+/// What a task does when its worker runs it.
+pub trait Task: Send {
+    /// The descriptor whose readability (or hang-up) means there is work.
+    fn fd(&self) -> BorrowedFd<'_>;
+    /// Works until there is nothing more to do without waiting.
+    fn run(&mut self) -> Step;
+}
+
+/// How a [`Task::run`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Waiting for its descriptor: park it until it is readable.
+    Park,
+    /// Finished: drop it (its connection closes).
+    Done,
+}
+
+/// Counters of a reactor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReactorStats {
+    /// Worker threads alive now.
+    pub workers: usize,
+    /// Tasks parked now (connections waiting with no thread).
+    pub parked: usize,
+}
+
+/// The worker pool and its epoll set. Dropping it stops the workers and
+/// drops every parked task.
+pub struct Reactor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    epoll: OwnedFd,
+    stop: OwnedFd,
+    closing: AtomicBool,
+    parked: Mutex<HashMap<u64, Box<dyn Task>>>,
+    next_key: AtomicU64,
+    workers: AtomicUsize,
+    waiting: AtomicUsize,
+    max_workers: usize,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// `epoll::add` or `epoll::modify`.
+type Ctl = fn(&OwnedFd, BorrowedFd<'_>, EventData, EventFlags) -> rustix::io::Result<()>;
+
+fn interest() -> EventFlags {
+    EventFlags::IN | EventFlags::RDHUP | EventFlags::ONESHOT
+}
+
+impl Reactor {
+    /// Starts [`MIN_WORKERS`] workers; the pool may grow to `max_workers`.
+    pub fn new(max_workers: usize) -> std::io::Result<Reactor> {
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        // Level-triggered and never re-armed: once written, every worker
+        // that waits sees it and leaves.
+        epoll::add(&epoll, &stop, EventData::new_u64(STOP_KEY), EventFlags::IN)?;
+        let inner = Arc::new(Inner {
+            epoll,
+            stop,
+            closing: AtomicBool::new(false),
+            parked: Mutex::new(HashMap::new()),
+            next_key: AtomicU64::new(STOP_KEY + 1),
+            workers: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            max_workers: max_workers.max(MIN_WORKERS),
+            handles: Mutex::new(Vec::new()),
+        });
+        for _ in 0..MIN_WORKERS {
+            Inner::spawn_worker(&inner)?;
+        }
+        Ok(Reactor { inner })
+    }
+
+    /// Parks a new task: it runs when its descriptor becomes readable (at
+    /// once if it already is).
+    pub fn add(&self, task: Box<dyn Task>) -> std::io::Result<()> {
+        let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .arm(key, task, |e, f, d, i| epoll::add(e, f, d, i))
+    }
+
+    /// Workers alive and tasks parked now.
+    pub fn stats(&self) -> ReactorStats {
+        ReactorStats {
+            workers: self.inner.workers.load(Ordering::Relaxed),
+            parked: self.inner.lock().len(),
+        }
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        self.inner.closing.store(true, Ordering::SeqCst);
+        let _ = rustix::io::write(&self.inner.stop, &1u64.to_ne_bytes());
+        let handles =
+            std::mem::take(&mut *self.inner.handles.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
+        // Parked tasks drop here, closing their connections.
+        let parked = std::mem::take(&mut *self.inner.lock());
+        drop(parked);
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Box<dyn Task>>> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn spawn_worker(inner: &Arc<Inner>) -> std::io::Result<()> {
+        inner.workers.fetch_add(1, Ordering::SeqCst);
+        let me = inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tw-worker".into())
+            .spawn(move || me.work());
+        match spawned {
+            Ok(h) => {
+                let mut handles = inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+                // Keep the list short: finished (retired) workers go.
+                handles.retain(|h| !h.is_finished());
+                handles.push(h);
+                Ok(())
+            }
+            Err(e) => {
+                inner.workers.fetch_sub(1, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+
+    /// One worker: wait for a ready task, run it, park or drop it, repeat.
+    fn work(self: Arc<Self>) {
+        let idle = rustix::time::Timespec {
+            tv_sec: RETIRE_AFTER.as_secs() as i64,
+            tv_nsec: 0,
+        };
+        let mut events = [Event {
+            flags: EventFlags::empty(),
+            data: EventData::new_u64(STOP_KEY),
+        }];
+        loop {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            // One event per wait: a worker never holds on to a ready
+            // connection that another worker could be serving.
+            let n = epoll::wait(&self.epoll, &mut events[..], Some(&idle));
+            let still_waiting = self.waiting.fetch_sub(1, Ordering::SeqCst) - 1;
+            if self.closing.load(Ordering::SeqCst) {
+                break;
+            }
+            match n {
+                Ok(0) => {
+                    if self.retire() {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    eprintln!("tensorwire agent: epoll_wait failed: {e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+            let key = events[0].data.u64();
+            if key == STOP_KEY {
+                break;
+            }
+            if still_waiting == 0 && self.workers.load(Ordering::SeqCst) < self.max_workers {
+                // Nobody is left to notice the next ready connection.
+                let this = self.clone();
+                if let Err(e) = Inner::spawn_worker(&this) {
+                    eprintln!("tensorwire agent: cannot start a worker thread: {e}");
+                }
+            }
+            let Some(mut task) = self.lock().remove(&key) else {
+                continue;
+            };
+            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.run()))
+                .unwrap_or(Step::Done);
+            match step {
+                Step::Park if !self.closing.load(Ordering::SeqCst) => self.repark(key, task),
+                _ => {
+                    let _ = epoll::delete(&self.epoll, task.fd());
+                    drop(task);
+                }
+            }
+        }
+        self.workers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Puts `task` back and re-arms its descriptor.
+    fn repark(&self, key: u64, task: Box<dyn Task>) {
+        // On failure the task is dropped and its connection closes.
+        let _ = self.arm(key, task, |e, f, d, i| epoll::modify(e, f, d, i));
+    }
+
+    /// Puts `task` in the table under `key` and arms its own descriptor
+    /// (with `ctl`: add or modify). The table stays locked across both, so
+    /// a worker that gets the event finds the task there. (Arming a `dup`
+    /// would not do: epoll keys a registration by descriptor number.)
+    fn arm(&self, key: u64, task: Box<dyn Task>, ctl: Ctl) -> std::io::Result<()> {
+        let mut parked = self.lock();
+        ctl(&self.epoll, task.fd(), EventData::new_u64(key), interest())?;
+        parked.insert(key, task);
+        Ok(())
+    }
+
+    /// A worker that timed out leaves if the pool is above its minimum.
+    fn retire(&self) -> bool {
+        let mut n = self.workers.load(Ordering::SeqCst);
+        while n > MIN_WORKERS {
+            match self
+                .workers
+                .compare_exchange(n, n - 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return true,
+                Err(now) => n = now,
+            }
+        }
+        false
+    }
+}
+
+impl AsFd for Reactor {
+    /// The epoll set (for diagnostics).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.epoll.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::mpsc;
+
+    /// Echoes what it reads, one byte at a time, and parks in between.
+    struct Echo {
+        sock: UnixStream,
+        runs: Arc<AtomicUsize>,
+    }
+
+    impl Task for Echo {
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.sock.as_fd()
+        }
+        fn run(&mut self) -> Step {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            self.sock.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 16];
+            loop {
+                match self.sock.read(&mut b) {
+                    Ok(0) => return Step::Done,
+                    Ok(n) => {
+                        self.sock.set_nonblocking(false).unwrap();
+                        self.sock.write_all(&b[..n]).unwrap();
+                        self.sock.set_nonblocking(true).unwrap();
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Step::Park,
+                    Err(_) => return Step::Done,
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn many_parked_connections_hold_no_thread_and_are_served_when_they_speak() {
+        let r = Reactor::new(64).unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut clients = Vec::new();
+        for _ in 0..500 {
+            let (a, b) = UnixStream::pair().unwrap();
+            r.add(Box::new(Echo {
+                sock: b,
+                runs: runs.clone(),
+            }))
+            .unwrap();
+            clients.push(a);
+        }
+        let s = r.stats();
+        assert_eq!(s.parked, 500);
+        assert!(s.workers <= MIN_WORKERS + 1, "{s:?}");
+        // Every tenth speaks, twice: answered each time, and parked again.
+        for round in 0..2u8 {
+            for c in clients.iter_mut().step_by(10) {
+                c.write_all(&[round]).unwrap();
+                let mut b = [9u8];
+                c.read_exact(&mut b).unwrap();
+                assert_eq!(b[0], round);
+            }
+        }
+        assert!(runs.load(Ordering::SeqCst) >= 100);
+        // Hang-ups end their tasks.
+        clients.truncate(100);
+        let t = std::time::Instant::now();
+        while r.stats().parked > 100 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(r.stats().parked, 100);
+    }
+
+    /// Blocks in `run` until told to go on.
+    struct Busy {
+        sock: UnixStream,
+        started: mpsc::Sender<()>,
+        go: Arc<Mutex<mpsc::Receiver<()>>>,
+    }
+
+    impl Task for Busy {
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.sock.as_fd()
+        }
+        fn run(&mut self) -> Step {
+            let _ = self.started.send(());
+            let _ = self.go.lock().unwrap().recv();
+            Step::Done
+        }
+    }
+
+    #[test]
+    fn a_busy_task_never_holds_up_another() {
+        let r = Reactor::new(64).unwrap();
+        let (started_tx, started) = mpsc::channel();
+        let (go_tx, go) = mpsc::channel();
+        let go = Arc::new(Mutex::new(go));
+        let mut clients = Vec::new();
+        // More blocking tasks than the pool starts with: it grows.
+        for _ in 0..(MIN_WORKERS + 3) {
+            let (a, b) = UnixStream::pair().unwrap();
+            r.add(Box::new(Busy {
+                sock: b,
+                started: started_tx.clone(),
+                go: go.clone(),
+            }))
+            .unwrap();
+            (&a).write_all(b"x").unwrap();
+            clients.push(a);
+        }
+        for i in 0..(MIN_WORKERS + 3) {
+            started
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("task {i} never ran"));
+        }
+        for _ in 0..(MIN_WORKERS + 3) {
+            go_tx.send(()).unwrap();
+        }
+        assert!(r.stats().workers > MIN_WORKERS);
+    }
+
+    #[test]
+    fn a_panicking_task_is_dropped_and_the_worker_goes_on() {
+        struct Panics(UnixStream);
+        impl Task for Panics {
+            fn fd(&self) -> BorrowedFd<'_> {
+                self.0.as_fd()
+            }
+            fn run(&mut self) -> Step {
+                panic!("task failed");
+            }
+        }
+        let r = Reactor::new(4).unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        r.add(Box::new(Panics(b))).unwrap();
+        (&a).write_all(b"x").unwrap();
+        // Its socket closes when the task is dropped: the peer reads EOF
+        // (or a reset: the byte it sent was never read).
+        a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 1];
+        match (&a).read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("expected the connection closed, got {other:?}"),
+        }
+        // Still serving.
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (mut c, d) = UnixStream::pair().unwrap();
+        r.add(Box::new(Echo {
+            sock: d,
+            runs: runs.clone(),
+        }))
+        .unwrap();
+        c.write_all(b"y").unwrap();
+        c.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"y");
+    }
+}

@@ -1,0 +1,92 @@
+//! [`PeerId`]: who is on the other end of a socket, as far as the kernel
+//! can vouch for it — the key that per-peer limits count connections by.
+//!
+//! Over a Unix socket (and so over `shm://`, whose sessions start on one)
+//! that is the connecting process's user id, from `SO_PEERCRED`: the
+//! kernel records it at `connect`, so a peer cannot lie about it, and every
+//! process of one user counts as one peer (a user who can open a thousand
+//! connections can also ptrace the others of its processes: there is no
+//! finer line to draw). Over TCP it is the source address: all a listener
+//! knows of a remote peer. A host that owns many addresses (IPv6 prefixes)
+//! counts as many peers; tokens (issue "tenants") are the answer to that.
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+
+/// The identity a connection's limits are counted under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerId {
+    /// A local process, by user id (Unix and shared-memory control sockets).
+    Uid(u32),
+    /// A remote (or loopback) TCP peer, by source address.
+    Addr(IpAddr),
+}
+
+impl PeerId {
+    /// The user id of the process that connected `s` (`SO_PEERCRED`).
+    pub fn of_unix(s: &UnixStream) -> io::Result<PeerId> {
+        let cred = rustix::net::sockopt::socket_peercred(s)?;
+        Ok(PeerId::Uid(cred.uid.as_raw()))
+    }
+
+    /// The source address of `s`.
+    pub fn of_tcp(s: &TcpStream) -> io::Result<PeerId> {
+        // An IPv4 peer on a dual-stack socket shows as ::ffff:a.b.c.d:
+        // counted as the IPv4 address it is.
+        let ip = match s.peer_addr()?.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        Ok(PeerId::Addr(ip))
+    }
+}
+
+impl fmt::Display for PeerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerId::Uid(u) => write!(f, "uid {u}"),
+            PeerId::Addr(a) => write!(f, "address {a}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_unix_peer_is_its_user() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let me = rustix::process::getuid().as_raw();
+        assert_eq!(PeerId::of_unix(&a).unwrap(), PeerId::Uid(me));
+        assert_eq!(PeerId::Uid(1000).to_string(), "uid 1000");
+    }
+
+    #[test]
+    fn a_tcp_peer_is_its_source_address() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // Bind the client to another loopback address: it is another peer.
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(
+            &"127.0.0.3:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+        s.connect(&addr.into()).unwrap();
+        let (accepted, _) = l.accept().unwrap();
+        assert_eq!(
+            PeerId::of_tcp(&accepted).unwrap(),
+            PeerId::Addr("127.0.0.3".parse().unwrap())
+        );
+        assert_eq!(
+            PeerId::Addr("127.0.0.3".parse().unwrap()).to_string(),
+            "address 127.0.0.3"
+        );
+    }
+}
