@@ -25,10 +25,10 @@
 //! idle_timeout_ms = 0      # a session idle this long is closed (0 = never)
 //!
 //! [socket]                 # unix:// and tcp:// sessions; defaults shown
-//! spin_us = 50             # a session thread polls this long before blocking
+//! spin_us = 50             # a session polls this long for its next request before parking
 //!
 //! [shm]                    # shared-memory sessions (shm://name); defaults shown
-//! spin_us = 50             # a session thread spins this long before sleeping
+//! spin_us = 50             # a session spins this long before sleeping on its futex
 //! client_bytes = 268435456 # each session's input region (virtual until touched)
 //! agent_bytes = 67108864   # each session's output region
 //! ring_slots = 256         # 64-byte slots per ring (a power of two, 8..=65536)
@@ -202,14 +202,15 @@ pub struct AgentConfig {
     /// long a shared-memory session waits for room in a response ring its
     /// client does not drain).
     pub stall_timeout: Duration,
-    /// Socket sessions: how long (µs) a session thread, having answered,
-    /// polls its socket for the next request before it blocks in `recv`
-    /// (0 = block at once; see `transport::spin`). Polling answers a client
+    /// Socket sessions: how long (µs) a session, having answered,
+    /// polls its socket for the next request before it parks (gives its
+    /// worker back until the socket is readable)
+    /// (0 = park at once; see `transport::spin`). Polling answers a client
     /// that sends again within the budget without a wake-up (tens of µs on
     /// a virtual machine) but burns that core meanwhile; a connection whose
     /// requests keep arriving after the budget stops polling by itself.
     pub socket_spin_us: u64,
-    /// Shared-memory sessions: how long (µs) a session thread spins on its
+    /// Shared-memory sessions: how long (µs) a session spins on its
     /// request ring before it sleeps on the arena's futex (0 = sleep at
     /// once). Spinning answers a client that sends again within the budget
     /// without a wake-up (~5 µs each way here) but burns that core.

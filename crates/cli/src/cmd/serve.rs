@@ -46,11 +46,11 @@ pub struct Args {
     /// Most request payload bytes held by requests in flight, agent-wide.
     #[arg(long)]
     max_total_payload: Option<u64>,
-    /// Unix and TCP sessions: microseconds a session thread polls its socket
-    /// for the next request before it blocks (0 = block at once).
+    /// Unix and TCP sessions: microseconds a session polls its socket
+    /// for the next request before it parks (0 = park at once).
     #[arg(long)]
     socket_spin_us: Option<u64>,
-    /// Shared-memory sessions: microseconds an idle session thread spins
+    /// Shared-memory sessions: microseconds an idle session spins
     /// before it sleeps on its futex (0 = sleep at once).
     #[arg(long)]
     shm_spin_us: Option<u64>,
