@@ -18,17 +18,23 @@
 //! an armed descriptor is reported to one worker, and is not armed again
 //! until that worker has put the task back in the table.
 //!
-//! The pool grows when a worker takes a task and no other is left waiting
-//! (so a ready connection never waits behind a busy one), up to
-//! `max_workers`, and a worker with nothing to do for [`RETIRE_AFTER`]
-//! exits, down to [`MIN_WORKERS`].
+//! **Pool size.** The pool grows only while every worker is *stuck*: when
+//! a worker takes the last waiting place, a monitor thread (asleep
+//! otherwise) looks again after [`GROW_AFTER`]; if no worker has come back
+//! to `epoll_wait` meanwhile, it starts one more (up to `max_workers`), and
+//! so on while they stay stuck. Workers that cycle through many short tasks
+//! (a burst of hang-ups, say) keep coming back and get no help they do not
+//! need; a ready connection waits at most about [`GROW_AFTER`] behind long
+//! ones. A worker that finishes a task while [`spare`] others already wait
+//! exits, and one with nothing to do for [`RETIRE_AFTER`] exits too, down
+//! to [`MIN_WORKERS`].
 
 use rustix::event::epoll::{self, Event, EventData, EventFlags};
 use rustix::event::{eventfd, EventfdFlags};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -37,6 +43,15 @@ pub const MIN_WORKERS: usize = 2;
 /// A worker that waited this long without a task exits (above
 /// [`MIN_WORKERS`]).
 pub const RETIRE_AFTER: Duration = Duration::from_secs(10);
+/// How long every worker must have been busy, with none coming back to
+/// wait, before the pool grows by one.
+pub const GROW_AFTER: Duration = Duration::from_micros(100);
+
+/// Workers that may wait for tasks at once: one that finishes a task while
+/// this many others wait exits at once (the minimum plus one per CPU).
+pub fn spare() -> usize {
+    MIN_WORKERS + std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// The epoll key of the stop signal (task keys start at 1).
 const STOP_KEY: u64 = 0;
@@ -81,8 +96,15 @@ struct Inner {
     next_key: AtomicU64,
     workers: AtomicUsize,
     waiting: AtomicUsize,
+    /// Times a worker went back to waiting (the monitor's sign of life).
+    returns: AtomicU64,
     max_workers: usize,
+    spare: usize,
     handles: Mutex<Vec<JoinHandle<()>>>,
+    /// Set (and the monitor woken) when the last waiting worker took a task.
+    busy: Mutex<bool>,
+    busy_cv: Condvar,
+    monitor: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// `epoll::add` or `epoll::modify`.
@@ -108,12 +130,22 @@ impl Reactor {
             next_key: AtomicU64::new(STOP_KEY + 1),
             workers: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
+            returns: AtomicU64::new(0),
             max_workers: max_workers.max(MIN_WORKERS),
+            spare: spare(),
             handles: Mutex::new(Vec::new()),
+            busy: Mutex::new(false),
+            busy_cv: Condvar::new(),
+            monitor: Mutex::new(None),
         });
         for _ in 0..MIN_WORKERS {
             Inner::spawn_worker(&inner)?;
         }
+        let me = inner.clone();
+        let monitor = std::thread::Builder::new()
+            .name("tw-pool-monitor".into())
+            .spawn(move || me.monitor())?;
+        *inner.monitor.lock().unwrap_or_else(|p| p.into_inner()) = Some(monitor);
         Ok(Reactor { inner })
     }
 
@@ -138,6 +170,19 @@ impl Drop for Reactor {
     fn drop(&mut self) {
         self.inner.closing.store(true, Ordering::SeqCst);
         let _ = rustix::io::write(&self.inner.stop, &1u64.to_ne_bytes());
+        {
+            let _busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner.busy_cv.notify_all();
+        }
+        let monitor = self
+            .inner
+            .monitor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(m) = monitor {
+            let _ = m.join();
+        }
         let handles =
             std::mem::take(&mut *self.inner.handles.lock().unwrap_or_else(|p| p.into_inner()));
         for h in handles {
@@ -187,6 +232,7 @@ impl Inner {
         }];
         loop {
             self.waiting.fetch_add(1, Ordering::SeqCst);
+            self.returns.fetch_add(1, Ordering::Relaxed);
             // One event per wait: a worker never holds on to a ready
             // connection that another worker could be serving.
             let n = epoll::wait(&self.epoll, &mut events[..], Some(&idle));
@@ -213,12 +259,10 @@ impl Inner {
             if key == STOP_KEY {
                 break;
             }
-            if still_waiting == 0 && self.workers.load(Ordering::SeqCst) < self.max_workers {
-                // Nobody is left to notice the next ready connection.
-                let this = self.clone();
-                if let Err(e) = Inner::spawn_worker(&this) {
-                    eprintln!("tensorwire agent: cannot start a worker thread: {e}");
-                }
+            if still_waiting == 0 {
+                // Nobody is left to notice the next ready connection: the
+                // monitor adds a worker if this one and the others stay busy.
+                self.pool_busy();
             }
             let Some(mut task) = self.lock().remove(&key) else {
                 continue;
@@ -232,8 +276,56 @@ impl Inner {
                     drop(task);
                 }
             }
+            if self.waiting.load(Ordering::SeqCst) >= self.spare && self.retire() {
+                return;
+            }
         }
         self.workers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Wakes the monitor (once) because every worker is taken.
+    fn pool_busy(&self) {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if !*busy {
+            *busy = true;
+            self.busy_cv.notify_one();
+        }
+    }
+
+    /// The monitor: asleep until the pool is fully taken, then adds a worker
+    /// every [`GROW_AFTER`] during which no worker came back to wait.
+    fn monitor(self: Arc<Self>) {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            while !*busy && !self.closing.load(Ordering::SeqCst) {
+                busy = self.busy_cv.wait(busy).unwrap_or_else(|p| p.into_inner());
+            }
+            if self.closing.load(Ordering::SeqCst) {
+                return;
+            }
+            drop(busy);
+            loop {
+                let seen = self.returns.load(Ordering::Relaxed);
+                std::thread::sleep(GROW_AFTER);
+                if self.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                if self.waiting.load(Ordering::SeqCst) > 0 {
+                    break;
+                }
+                let stuck = self.returns.load(Ordering::Relaxed) == seen;
+                if stuck && self.workers.load(Ordering::SeqCst) < self.max_workers {
+                    if let Err(e) = Inner::spawn_worker(&self) {
+                        eprintln!("tensorwire agent: cannot start a worker thread: {e}");
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            }
+            busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+            // A worker that took the last place after the look above found
+            // `busy` still set and did not wake us: look again.
+            *busy = self.waiting.load(Ordering::SeqCst) == 0;
+        }
     }
 
     /// Puts `task` back and re-arms its descriptor.
@@ -394,6 +486,38 @@ mod tests {
             go_tx.send(()).unwrap();
         }
         assert!(r.stats().workers > MIN_WORKERS);
+    }
+
+    #[test]
+    fn a_burst_of_short_tasks_does_not_grow_the_pool() {
+        let r = Reactor::new(4096).unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut clients = Vec::new();
+        for _ in 0..2000 {
+            let (a, b) = UnixStream::pair().unwrap();
+            r.add(Box::new(Echo {
+                sock: b,
+                runs: runs.clone(),
+            }))
+            .unwrap();
+            clients.push(a);
+        }
+        // 2000 hang-ups at once: each task reads EOF and ends.
+        drop(clients);
+        let t = std::time::Instant::now();
+        let mut peak = 0;
+        while r.stats().parked > 0 && t.elapsed() < Duration::from_secs(20) {
+            peak = peak.max(r.stats().workers);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert_eq!(r.stats().parked, 0);
+        // Workers came back between tasks: growth is for stuck workers.
+        // (A loaded machine can stall a cycling worker past GROW_AFTER now
+        // and then, hence some slack.)
+        assert!(
+            peak < 64,
+            "the pool grew to {peak} for a burst of short tasks"
+        );
     }
 
     #[test]

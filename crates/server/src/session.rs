@@ -145,11 +145,13 @@ impl Task for SocketSession {
         if step == Step::Park && self.limits.is_some() {
             // Sockets answer in order: parked means nothing in flight,
             // unless part of the next message came and the rest did not.
-            self.slot.set(if self.conn.has_buffered() {
-                Phase::Stalled
+            if self.conn.has_buffered() {
+                self.slot.set(Phase::Stalled);
             } else {
-                Phase::Idle
-            });
+                self.slot.set(Phase::Idle);
+                // An idle session keeps no read buffer (8 KiB of its ~9).
+                self.conn.release_staging();
+            }
         }
         step
     }

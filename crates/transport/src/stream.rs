@@ -296,6 +296,17 @@ impl StreamConn {
         self.end > self.start
     }
 
+    /// Frees the staging buffer if nothing is buffered in it, so that an
+    /// idle connection holds no buffer ([`STAGING_LEN`] bytes each, most of
+    /// what an idle session costs); the next read allocates it again.
+    pub fn release_staging(&mut self) {
+        if self.start == self.end {
+            self.staging = Vec::new();
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
     /// Reads the next message's header and descriptor section. The header is
     /// decoded and checked against `limits` before the descriptor section is
     /// read; the payload is left unread for [`StreamConn::recv_payload`] or
@@ -376,10 +387,11 @@ impl StreamConn {
             self.end -= self.start;
             self.start = 0;
         }
-        if self.staging.len() < n {
-            // Only a descriptor section larger than the staging buffer gets
-            // here, and its length was checked against the limits already.
-            self.staging.resize(n, 0);
+        if self.staging.len() < n.max(STAGING_LEN) {
+            // After `release_staging`, or for a descriptor section larger
+            // than the staging buffer (its length was checked against the
+            // limits already).
+            self.staging.resize(n.max(STAGING_LEN), 0);
         }
         while self.end - self.start < n {
             let empty = at_boundary && self.start == self.end;
@@ -750,6 +762,58 @@ mod tests {
         b.skip_payload(h.payload_len).unwrap();
         assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_released_staging_buffer_comes_back_on_the_next_read() {
+        let (a, mut b) = pair();
+        a.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
+        assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
+        b.release_staging();
+        assert_eq!(b.staging.capacity(), 0);
+        let big = vec![3u8; 100];
+        let (h, desc) = request(&[&big]);
+        a.send(&h, &desc, &[&big]).unwrap();
+        let (got, _) = b.recv_head(&Limits::default()).unwrap();
+        // Something buffered (the payload came with the header): kept.
+        b.release_staging();
+        assert!(b.has_buffered() && b.staging.len() == STAGING_LEN);
+        let mut p = vec![0u8; got.payload_len as usize];
+        b.recv_payload(&mut p).unwrap();
+        assert_eq!(&p[..100], &big[..]);
+    }
+
+    #[test]
+    fn parking_mode_keeps_a_partial_head_for_the_next_call() {
+        let (a, mut b) = pair();
+        b.set_parking(true);
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::WouldBlock)
+        ));
+        let big = vec![5u8; 10];
+        let (h, desc) = request(&[&big]);
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&desc);
+        // Half the header, then the rest and the descriptors, then the payload.
+        rustix::io::write(a.sock.fd(), &bytes[..20]).unwrap();
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::WouldBlock)
+        ));
+        rustix::io::write(a.sock.fd(), &bytes[20..HEADER_LEN + 4]).unwrap();
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::WouldBlock)
+        ));
+        rustix::io::write(a.sock.fd(), &bytes[HEADER_LEN + 4..]).unwrap();
+        let (got, gdesc) = b.recv_head(&Limits::default()).unwrap();
+        assert_eq!((got, gdesc), (h, desc));
+        rustix::io::write(a.sock.fd(), &big).unwrap();
+        let mut p = vec![0u8; got.payload_len as usize];
+        b.recv_payload(&mut p).unwrap();
+        assert_eq!(&p[..10], &big[..]);
+        assert_eq!(b.stats().messages, 1);
     }
 
     #[test]
