@@ -20,7 +20,7 @@
 
 use crate::shm_session::ShmHandle;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -62,12 +62,23 @@ pub enum Phase {
     Stalled = 3,
 }
 
-/// The part of a table entry its session updates.
+/// The part of a table entry its session updates: the phase (top byte)
+/// and the milliseconds since the table's epoch when it began (the rest),
+/// in one word, so the reaper never pairs a phase with another phase's
+/// start; [`CLOSING`] once the reaper closed it.
 #[derive(Debug)]
-struct SlotState {
-    phase: AtomicU8,
-    /// Milliseconds since the table's epoch when `phase` last changed.
-    since_ms: AtomicU64,
+struct SlotState(AtomicU64);
+
+/// A slot the reaper has closed: its phase no longer changes.
+const CLOSING: u64 = u64::MAX;
+const MS_BITS: u32 = 56;
+
+fn pack(phase: Phase, ms: u64) -> u64 {
+    ((phase as u64) << MS_BITS) | (ms & ((1 << MS_BITS) - 1))
+}
+
+fn unpack(word: u64) -> (u8, u64) {
+    ((word >> MS_BITS) as u8, word & ((1 << MS_BITS) - 1))
 }
 
 struct Entry {
@@ -202,10 +213,10 @@ impl ConnTable {
             return Err(r);
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(SlotState {
-            phase: AtomicU8::new(Phase::Handshake as u8),
-            since_ms: AtomicU64::new(self.now_ms()),
-        });
+        let state = Arc::new(SlotState(AtomicU64::new(pack(
+            Phase::Handshake,
+            self.now_ms(),
+        ))));
         open.entries.insert(
             id,
             Entry {
@@ -248,9 +259,10 @@ impl ConnTable {
         };
         for e in open.entries.values() {
             c.shm += usize::from(matches!(e.conn, Conn::Shm(_)));
-            match e.state.phase.load(Ordering::Relaxed) {
-                p if p == Phase::Handshake as u8 => c.handshaking += 1,
-                p if p == Phase::Idle as u8 => c.idle += 1,
+            match e.state.0.load(Ordering::Relaxed) {
+                CLOSING => {}
+                w if unpack(w).0 == Phase::Handshake as u8 => c.handshaking += 1,
+                w if unpack(w).0 == Phase::Idle as u8 => c.idle += 1,
                 _ => {}
             }
         }
@@ -287,8 +299,11 @@ impl ConnTable {
         let open = self.lock();
         let mut n = 0;
         for e in open.entries.values() {
-            let since = e.state.since_ms.load(Ordering::Relaxed);
-            let phase = e.state.phase.load(Ordering::Relaxed);
+            let word = e.state.0.load(Ordering::Relaxed);
+            if word == CLOSING {
+                continue;
+            }
+            let (phase, since) = unpack(word);
             let counter = if phase == Phase::Handshake as u8 && late(since, handshake) {
                 &self.handshake_timeouts
             } else if phase == Phase::Stalled as u8 && late(since, stall) {
@@ -298,37 +313,53 @@ impl ConnTable {
             } else {
                 continue;
             };
-            // The session sees the hang-up and ends; until then the entry
-            // stays, so mark it so that it is not counted twice.
-            e.state.phase.store(Phase::Busy as u8, Ordering::Relaxed);
-            e.state.since_ms.store(u64::MAX, Ordering::Relaxed);
-            counter.fetch_add(1, Ordering::Relaxed);
-            e.conn.close();
-            n += 1;
+            // Only if the session did not move on meanwhile; then it stays
+            // marked, so it is neither counted twice nor revived. The
+            // session sees the hang-up and ends; its entry goes then.
+            if e.state
+                .0
+                .compare_exchange(word, CLOSING, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                counter.fetch_add(1, Ordering::Relaxed);
+                e.conn.close();
+                n += 1;
+            }
         }
         n
     }
 }
 
 impl Slot {
-    /// The session moved to `phase` (the reaper's deadlines count from now).
+    /// The session moved to `phase`: the reaper's deadline counts from now,
+    /// unless it already was in that phase (a stalled peer that trickles
+    /// bytes does not restart its clock). No effect once the reaper closed
+    /// it.
     pub fn set(&self, phase: Phase) {
-        if self.state.since_ms.load(Ordering::Relaxed) == u64::MAX {
-            return; // already being closed
+        let word = &self.state.0;
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            if cur == CLOSING || unpack(cur).0 == phase as u8 {
+                return;
+            }
+            let new = pack(phase, self.table.now_ms());
+            match word.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
         }
-        self.state.phase.store(phase as u8, Ordering::Relaxed);
-        self.state
-            .since_ms
-            .store(self.table.now_ms(), Ordering::Relaxed);
     }
 
-    /// The session's phase now.
+    /// The session's phase now (`Busy` once the reaper closed it).
     pub fn phase(&self) -> Phase {
-        match self.state.phase.load(Ordering::Relaxed) {
-            0 => Phase::Handshake,
-            2 => Phase::Idle,
-            3 => Phase::Stalled,
-            _ => Phase::Busy,
+        match self.state.0.load(Ordering::Relaxed) {
+            CLOSING => Phase::Busy,
+            w => match unpack(w).0 {
+                0 => Phase::Handshake,
+                2 => Phase::Idle,
+                3 => Phase::Stalled,
+                _ => Phase::Busy,
+            },
         }
     }
 }
@@ -593,6 +624,31 @@ mod tests {
         late_hello.set(Phase::Idle);
         assert_eq!(late_hello.phase(), Phase::Busy);
         drop((late_hello, idle, busy));
+    }
+
+    #[test]
+    fn a_stalled_peer_that_trickles_does_not_restart_its_clock() {
+        let t = Arc::new(ConnTable::new(10, 10));
+        let (c, mut s) = conn();
+        let slot = t.admit(c, PeerId::Uid(1)).unwrap();
+        slot.set(Phase::Stalled);
+        let ms = Duration::from_millis;
+        let d = Deadlines {
+            handshake: ms(60_000),
+            stall: ms(40),
+            idle: None,
+        };
+        for _ in 0..5 {
+            std::thread::sleep(ms(10));
+            slot.set(Phase::Stalled); // another byte came, the message did not
+        }
+        assert_eq!(t.reap(&d), 1, "stalled 50 ms in all, over the 40 ms limit");
+        assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0);
+        // Closed by the reaper: later phases do not bring it back.
+        slot.set(Phase::Busy);
+        assert_eq!(slot.phase(), Phase::Busy);
+        assert_eq!(t.counts().handshaking + t.counts().idle, 0);
+        assert_eq!(t.reap(&d), 0);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub fn spare() -> usize {
     MIN_WORKERS + std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// How long dropping a reactor waits for its workers to finish their tasks.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// The epoll key of the stop signal (task keys start at 1).
 const STOP_KEY: u64 = 0;
 
@@ -100,6 +103,7 @@ struct Inner {
     returns: AtomicU64,
     max_workers: usize,
     spare: usize,
+    retire_after: Duration,
     handles: Mutex<Vec<JoinHandle<()>>>,
     /// Set (and the monitor woken) when the last waiting worker took a task.
     busy: Mutex<bool>,
@@ -117,6 +121,12 @@ fn interest() -> EventFlags {
 impl Reactor {
     /// Starts [`MIN_WORKERS`] workers; the pool may grow to `max_workers`.
     pub fn new(max_workers: usize) -> std::io::Result<Reactor> {
+        Reactor::with_retire(max_workers, RETIRE_AFTER)
+    }
+
+    /// As [`Reactor::new`], with idle workers retiring after `retire_after`
+    /// (tests).
+    fn with_retire(max_workers: usize, retire_after: Duration) -> std::io::Result<Reactor> {
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         // Level-triggered and never re-armed: once written, every worker
@@ -133,20 +143,24 @@ impl Reactor {
             returns: AtomicU64::new(0),
             max_workers: max_workers.max(MIN_WORKERS),
             spare: spare(),
+            retire_after,
             handles: Mutex::new(Vec::new()),
             busy: Mutex::new(false),
             busy_cv: Condvar::new(),
             monitor: Mutex::new(None),
         });
+        // Dropped on an error below, it stops what was started.
+        let reactor = Reactor { inner };
+        let inner = &reactor.inner;
         for _ in 0..MIN_WORKERS {
-            Inner::spawn_worker(&inner)?;
+            Inner::spawn_worker(inner)?;
         }
         let me = inner.clone();
         let monitor = std::thread::Builder::new()
             .name("tw-pool-monitor".into())
             .spawn(move || me.monitor())?;
         *inner.monitor.lock().unwrap_or_else(|p| p.into_inner()) = Some(monitor);
-        Ok(Reactor { inner })
+        Ok(reactor)
     }
 
     /// Parks a new task: it runs when its descriptor becomes readable (at
@@ -183,9 +197,16 @@ impl Drop for Reactor {
         if let Some(m) = monitor {
             let _ = m.join();
         }
+        // Workers finish the task in hand first. A task that does not end
+        // (a model still running, say) is left to finish on its own, as
+        // shutdown's grace period already ran out: the wait is bounded.
         let handles =
             std::mem::take(&mut *self.inner.handles.lock().unwrap_or_else(|p| p.into_inner()));
-        for h in handles {
+        let deadline = std::time::Instant::now() + STOP_WAIT;
+        while handles.iter().any(|h| !h.is_finished()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for h in handles.into_iter().filter(|h| h.is_finished()) {
             let _ = h.join();
         }
         // Parked tasks drop here, closing their connections.
@@ -223,8 +244,8 @@ impl Inner {
     /// One worker: wait for a ready task, run it, park or drop it, repeat.
     fn work(self: Arc<Self>) {
         let idle = rustix::time::Timespec {
-            tv_sec: RETIRE_AFTER.as_secs() as i64,
-            tv_nsec: 0,
+            tv_sec: self.retire_after.as_secs() as i64,
+            tv_nsec: i64::from(self.retire_after.subsec_nanos()),
         };
         let mut events = [Event {
             flags: EventFlags::empty(),
@@ -241,12 +262,11 @@ impl Inner {
                 break;
             }
             match n {
-                Ok(0) => {
-                    if self.retire() {
-                        return;
-                    }
-                    continue;
-                }
+                // Nothing for `retire_after`: leave, unless this was the last
+                // worker waiting (the others are busy and would have nobody
+                // to notice the next connection).
+                Ok(0) if still_waiting > 0 && self.retire() => return,
+                Ok(0) => continue,
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => {
@@ -314,7 +334,10 @@ impl Inner {
                     break;
                 }
                 let stuck = self.returns.load(Ordering::Relaxed) == seen;
-                if stuck && self.workers.load(Ordering::SeqCst) < self.max_workers {
+                if self.workers.load(Ordering::SeqCst) >= self.max_workers {
+                    // At the cap: nothing to add; look again, but rarely.
+                    std::thread::sleep(Duration::from_millis(10));
+                } else if stuck {
                     if let Err(e) = Inner::spawn_worker(&self) {
                         eprintln!("tensorwire agent: cannot start a worker thread: {e}");
                         std::thread::sleep(Duration::from_millis(20));
@@ -518,6 +541,49 @@ mod tests {
             peak < 64,
             "the pool grew to {peak} for a burst of short tasks"
         );
+    }
+
+    #[test]
+    fn the_last_waiting_worker_does_not_retire() {
+        // Every worker but one stuck in long tasks, and the one left idle
+        // past its retirement time: it must stay, or nobody would notice the
+        // next connection (the monitor only wakes when a worker takes the
+        // last place).
+        let r = Reactor::with_retire(64, Duration::from_millis(30)).unwrap();
+        let (started_tx, started) = mpsc::channel();
+        let (go_tx, go) = mpsc::channel();
+        let go = Arc::new(Mutex::new(go));
+        let mut held = Vec::new();
+        for _ in 0..MIN_WORKERS {
+            let (a, b) = UnixStream::pair().unwrap();
+            r.add(Box::new(Busy {
+                sock: b,
+                started: started_tx.clone(),
+                go: go.clone(),
+            }))
+            .unwrap();
+            (&a).write_all(b"x").unwrap();
+            held.push(a);
+        }
+        for _ in 0..MIN_WORKERS {
+            started.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (mut c, d) = UnixStream::pair().unwrap();
+        r.add(Box::new(Echo {
+            sock: d,
+            runs: runs.clone(),
+        }))
+        .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"z").unwrap();
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b)
+            .expect("served while the others are stuck");
+        for _ in 0..MIN_WORKERS {
+            go_tx.send(()).unwrap();
+        }
     }
 
     #[test]

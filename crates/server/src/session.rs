@@ -35,6 +35,8 @@ pub struct SocketSession {
     /// The limits in force, once the Hello is answered.
     limits: Option<Limits>,
     slot: Slot,
+    /// Parked with part of a message read ([`Phase::Stalled`]).
+    stalled: bool,
 }
 
 impl SocketSession {
@@ -47,6 +49,7 @@ impl SocketSession {
             conn,
             limits: None,
             slot,
+            stalled: false,
         }
     }
 
@@ -68,6 +71,11 @@ impl SocketSession {
                 }
                 Err(_) => return Step::Done,
             };
+            if self.stalled {
+                // The message the peer stalled in is whole now.
+                self.stalled = false;
+                self.slot.set(Phase::Busy);
+            }
             let Some(limits) = self.limits else {
                 // The first message: it must be a Hello.
                 match core.hello(&h, &desc) {
@@ -138,14 +146,16 @@ impl Task for SocketSession {
     }
 
     fn run(&mut self) -> Step {
-        if self.limits.is_some() {
+        if self.limits.is_some() && !self.stalled {
             self.slot.set(Phase::Busy);
         }
         let step = self.serve();
         if step == Step::Park && self.limits.is_some() {
             // Sockets answer in order: parked means nothing in flight,
-            // unless part of the next message came and the rest did not.
+            // unless part of the next message came and the rest did not
+            // (its clock keeps running while more bytes trickle in).
             if self.conn.has_buffered() {
+                self.stalled = true;
                 self.slot.set(Phase::Stalled);
             } else {
                 self.slot.set(Phase::Idle);

@@ -3,8 +3,9 @@
 //! [`reactor`](crate::reactor) workers.
 //!
 //! The accept thread only accepts the control socket and parks the session
-//! in the reactor; once the client's whole Hello has arrived, a worker
-//! answers it ([`ShmChannel::accept`]: it creates the session's private,
+//! in the reactor; a worker reads the Hello as it arrives, without blocking,
+//! and once it is whole answers it ([`ShmChannel::accept_hello`]: it
+//! creates the session's private,
 //! sealed arena and passes it over the socket), then serves the rings. A
 //! client that connects and never says Hello holds no thread, and is closed
 //! at `handshake_timeout`.
@@ -64,7 +65,7 @@ use crate::region::{Blocks, OutputRegion};
 use engine::{OutputData, TensorView};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use transport::shm::{futex, layout::AGENT_SLEEP, Arena, Layout, ShmChannel, ShmError};
@@ -92,6 +93,9 @@ pub struct ShmHandle {
     sock: UnixStream,
     /// The arena, once the bootstrap made it (weak: the session owns it).
     arena: Mutex<Weak<Arena>>,
+    /// Set by [`ShmHandle::close`]: the session ends after the message in
+    /// hand (ring traffic goes on after the socket is shut down).
+    closed: AtomicBool,
 }
 
 impl ShmHandle {
@@ -100,6 +104,7 @@ impl ShmHandle {
         ShmHandle {
             sock,
             arena: Mutex::new(Weak::new()),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -107,6 +112,7 @@ impl ShmHandle {
     /// the agent gone; a parked session sees its peer gone) and wakes the
     /// session if it sleeps on its futex, so it notices at once.
     pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
         let arena = self
             .arena
@@ -131,8 +137,8 @@ pub struct ShmSession {
 }
 
 enum State {
-    /// Accepted; waiting for the whole Hello.
-    Hello(UnixStream),
+    /// Accepted; reading the Hello (what arrived so far).
+    Hello(UnixStream, Vec<u8>),
     /// Bootstrapped.
     Serving(Box<Serving>),
     /// Over (the bootstrap failed).
@@ -165,35 +171,42 @@ impl ShmSession {
             cfg,
             handle,
             slot,
-            state: State::Hello(sock),
+            state: State::Hello(sock, Vec::new()),
         }
     }
 
-    /// Answers the Hello once it has arrived whole (else `Park`): reading a
-    /// part of it would block a worker on a slow or hostile client.
+    /// Answers the Hello once it has arrived whole (else `Park`). It is
+    /// read without blocking, kept across parks: a client that sends it
+    /// slowly, or half of it, holds no worker (and is closed at
+    /// `handshake_timeout`).
     fn bootstrap(&mut self) -> Step {
-        let State::Hello(sock) = &self.state else {
+        let State::Hello(sock, got) = &mut self.state else {
             return Step::Done;
         };
-        match hello_arrived(sock) {
+        match read_hello(sock, got) {
             Ok(false) => return Step::Park,
             Ok(true) => {}
             Err(_) => return Step::Done,
         }
-        let State::Hello(sock) = std::mem::replace(&mut self.state, State::Gone) else {
+        let State::Hello(sock, got) = std::mem::replace(&mut self.state, State::Gone) else {
             return Step::Done;
         };
         let core = &*self.core;
-        let (ch, limits) =
-            match ShmChannel::accept(sock, &core.limits, self.cfg.sizes, self.cfg.stall) {
-                Ok(x) => x,
-                Err(ShmError::Wire(_) | ShmError::Bootstrap(_)) => {
-                    // `accept` answered a bad Hello with an Error itself.
-                    core.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    return Step::Done;
-                }
-                Err(_) => return Step::Done,
-            };
+        let (ch, limits) = match ShmChannel::accept_hello(
+            sock,
+            &got,
+            &core.limits,
+            self.cfg.sizes,
+            self.cfg.stall,
+        ) {
+            Ok(x) => x,
+            Err(ShmError::Wire(_) | ShmError::Bootstrap(_)) => {
+                // `accept_hello` answered a bad Hello with an Error itself.
+                core.counters.errors.fetch_add(1, Ordering::Relaxed);
+                return Step::Done;
+            }
+            Err(_) => return Step::Done,
+        };
         *self.handle.arena.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(ch.arena());
         // Shutdown closed the socket before it could know the arena (and
         // wake this session through it)?
@@ -265,7 +278,7 @@ impl ShmSession {
                     s.send(&r)
                 }
             };
-            if !ok {
+            if !ok || self.handle.closed.load(Ordering::Relaxed) {
                 break;
             }
         }
@@ -274,37 +287,42 @@ impl ShmSession {
     }
 }
 
-/// True once a whole message (header and body) waits on `sock`, looked at
-/// without reading it; an error when the peer hung up.
-fn hello_arrived(sock: &UnixStream) -> std::io::Result<bool> {
+/// Reads what has arrived of the Hello on `sock` into `got`, without
+/// blocking: true once it is whole (or once its header shows it is bad:
+/// `accept_hello` refuses it), false when more is to come; an error when
+/// the peer hung up first.
+fn read_hello(sock: &UnixStream, got: &mut Vec<u8>) -> std::io::Result<bool> {
     use rustix::net::{recv, RecvFlags};
-    let mut buf = [0u8; 256];
-    let peek = |buf: &mut [u8]| match recv(sock, buf, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-        Ok((n, _)) => Ok(Some(n)),
-        Err(rustix::io::Errno::AGAIN) => Ok(None),
-        Err(e) => Err(std::io::Error::from(e)),
-    };
-    let n = match peek(&mut buf)? {
-        None => return Ok(false),
-        Some(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-        Some(n) => n,
-    };
-    if n < HEADER_LEN {
-        return Ok(false);
+    loop {
+        let want = if got.len() < HEADER_LEN {
+            HEADER_LEN
+        } else {
+            match Header::decode(&got[..HEADER_LEN]) {
+                Ok(h) if h.check_limits(&Limits::default()).is_ok() => {
+                    HEADER_LEN + h.desc_len as usize
+                }
+                _ => return Ok(true),
+            }
+        };
+        if got.len() >= want {
+            return Ok(true);
+        }
+        let mut buf = [0u8; 1024];
+        let room = (want - got.len()).min(buf.len());
+        match recv(sock, &mut buf[..room], RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok((n, _)) => got.extend_from_slice(&buf[..n]),
+            Err(rustix::io::Errno::AGAIN) => return Ok(false),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
-    // A header that does not decode, or a body longer than a Hello can
-    // be, is for `accept` to refuse: "arrived" enough.
-    let Ok(h) = Header::decode(&buf[..HEADER_LEN]) else {
-        return Ok(true);
-    };
-    let whole = HEADER_LEN + h.desc_len as usize;
-    Ok(whole > buf.len() || n >= whole)
 }
 
 impl Task for ShmSession {
     fn fd(&self) -> BorrowedFd<'_> {
         match &self.state {
-            State::Hello(sock) => sock.as_fd(),
+            State::Hello(sock, _) => sock.as_fd(),
             State::Serving(st) => st.ch.as_fd(),
             // Never parked in this state: any open descriptor will do.
             State::Gone => self.handle.sock.as_fd(),
@@ -313,7 +331,7 @@ impl Task for ShmSession {
 
     fn run(&mut self) -> Step {
         let step = match self.state {
-            State::Hello(_) => self.bootstrap(),
+            State::Hello(..) => self.bootstrap(),
             State::Serving(_) => {
                 self.slot.set(Phase::Busy);
                 self.serve()

@@ -666,3 +666,79 @@ fn owned_outputs_are_copied_once_and_counted() {
     c.release(h2.request_id);
     assert!(c.call(m, std::slice::from_ref(&y), false).is_ok());
 }
+
+#[test]
+fn a_partial_hello_holds_no_worker_and_is_closed() {
+    use std::io::{Read, Write};
+    let (agent, name) = start(|cfg| cfg.handshake_timeout = Duration::from_millis(200));
+    let path = control_path(&name).unwrap();
+    // Ten bytes of a Hello, then silence: closed at the deadline.
+    let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    s.write_all(&Header::new(Kind::Hello).encode()[..10])
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    assert_eq!(
+        s.read(&mut [0u8; 64]).unwrap_or(0),
+        0,
+        "closed, nothing sent"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3));
+    wait_until(Duration::from_secs(2), "its slot given back", || {
+        agent.stats().connections == 0
+    });
+    assert_eq!(agent.stats().handshake_timeouts, 1);
+    // Ten bytes and a hang-up: gone at once, not spinning on the bytes.
+    let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    s.write_all(&Header::new(Kind::Hello).encode()[..10])
+        .unwrap();
+    drop(s);
+    wait_until(
+        Duration::from_secs(2),
+        "a departed half-Hello freed",
+        || agent.stats().connections == 0,
+    );
+    assert_eq!(agent.stats().handshake_timeouts, 1);
+    // And the agent still bootstraps whole Hellos.
+    let mut good = Raw::connect(&name).unwrap();
+    good.control(Kind::Ping, Vec::new());
+}
+
+#[test]
+fn shutdown_ends_a_session_whose_client_keeps_sending() {
+    let (agent, name) = start(|_| {});
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let pinger = std::thread::spawn(move || {
+        let mut raw = Raw::connect(&name).unwrap();
+        let _ = ready_tx.send(());
+        // Pings as fast as answers come, until the session ends.
+        let mut n = 0u64;
+        while !flag.load(Ordering::Relaxed) {
+            let mut h = Header::new(Kind::Ping);
+            h.request_id = raw.id();
+            if !raw.ch.send(&h, &[]).unwrap_or(false) {
+                break;
+            }
+            match raw.ch.recv(
+                &raw.limits,
+                WaitPolicy::CLIENT,
+                Some(Duration::from_secs(2)),
+            ) {
+                Ok(_) => n += 1,
+                Err(_) => break,
+            }
+        }
+        n
+    });
+    ready.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    agent.shutdown(Duration::from_millis(100));
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let pings = pinger.join().unwrap();
+    assert!(pings > 0);
+    assert!(took < Duration::from_secs(8), "shutdown took {took:?}");
+}

@@ -213,6 +213,44 @@ impl ShmChannel {
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
         let (h, body) = read_message(&mut sock, &[])?;
+        ShmChannel::answer_hello(sock, h, body, agent_limits, sizes)
+    }
+
+    /// Agent side, for a server that reads the Hello itself without
+    /// blocking (so that a client sending it slowly holds no thread):
+    /// `hello` is the whole message as read (header and body), and the
+    /// rest is [`ShmChannel::accept`]'s. Writes are bounded by `timeout`.
+    pub fn accept_hello(
+        sock: UnixStream,
+        hello: &[u8],
+        agent_limits: &Limits,
+        sizes: ShmSizes,
+        timeout: Duration,
+    ) -> Result<(ShmChannel, Limits), ShmError> {
+        sock.set_nonblocking(false)?;
+        sock.set_read_timeout(Some(timeout))?;
+        sock.set_write_timeout(Some(timeout))?;
+        let h = Header::decode(&hello[..hello.len().min(HEADER_LEN)])?;
+        h.check_limits(&Limits::default())?;
+        let end = HEADER_LEN + h.desc_len as usize;
+        let body = hello.get(HEADER_LEN..end).ok_or_else(|| {
+            ShmError::Bootstrap(format!(
+                "the Hello is {} bytes, its header says {end}",
+                hello.len()
+            ))
+        })?;
+        ShmChannel::answer_hello(sock, h, body.to_vec(), agent_limits, sizes)
+    }
+
+    /// Answers a Hello read off `sock`: refuses it, or creates the arena and
+    /// sends the HelloAck with it.
+    fn answer_hello(
+        mut sock: UnixStream,
+        h: Header,
+        body: Vec<u8>,
+        agent_limits: &Limits,
+        sizes: ShmSizes,
+    ) -> Result<(ShmChannel, Limits), ShmError> {
         let refuse = |sock: &mut UnixStream, status: Status, msg: &str| {
             let body = wire::encode_error_body(msg);
             let mut e = Header::new(Kind::Error);
@@ -373,20 +411,24 @@ impl ShmChannel {
         // message when it re-checks, or we see its sleep word set.
         fence(Ordering::SeqCst);
         let peer = self.peer_sleep();
-        let word = peer.load(Ordering::SeqCst);
-        if word != 0 {
-            self.wake_peer(word)?;
+        if peer.load(Ordering::SeqCst) != 0 {
+            self.wake_peer()?;
         }
         Ok(true)
     }
 
-    /// Wakes a peer whose sleep word reads `word` (not 0): on the futex, or
-    /// with a byte on the control socket when it is parked there.
+    /// Wakes a peer whose sleep word was seen set: on the futex, or with a
+    /// byte on the control socket when it is parked there. The word is
+    /// taken with one swap, and the wake-up follows what the swap found: a
+    /// peer that moved from the futex to parked since the word was first
+    /// read must get its byte, not a futex wake nobody waits for.
     #[cold]
-    fn wake_peer(&self, word: u32) -> Result<(), ShmError> {
+    fn wake_peer(&self) -> Result<(), ShmError> {
         let peer = self.peer_sleep();
-        peer.store(0, Ordering::SeqCst);
-        if word == SLEEP_PARKED {
+        let word = peer.swap(0, Ordering::SeqCst);
+        if word == 0 {
+            Ok(()) // woke by itself (or by its own timeout) meanwhile
+        } else if word == SLEEP_PARKED {
             use rustix::net::{send, SendFlags};
             match send(&self.sock, &[1], SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
                 // A full socket already holds wake-up bytes the peer has not
@@ -705,6 +747,33 @@ mod tests {
         drop(c);
         assert!(readable(a.as_fd()));
         assert!(matches!(a.unpark(), Err(ShmError::PeerGone)));
+    }
+
+    #[test]
+    fn a_wake_follows_the_word_as_it_is_when_taken() {
+        // The client saw the agent asleep on the futex (1); before it woke
+        // it, the agent timed out and parked (2). The wake must be the byte.
+        let (c, mut a, limits) = pair(small());
+        let quick = WaitPolicy {
+            spin: Duration::ZERO,
+            slice: Duration::from_millis(5),
+        };
+        assert!(matches!(
+            a.recv_or_park(&limits, quick, Duration::ZERO),
+            Ok(None)
+        ));
+        c.wake_peer().unwrap();
+        assert!(readable(a.as_fd()), "a parked peer is woken with a byte");
+        assert_eq!(c.peer_sleep().load(Ordering::SeqCst), 0);
+        a.unpark().unwrap();
+        // Nothing set: nothing to do, no byte.
+        c.wake_peer().unwrap();
+        let mut fds = [PollFd::new(&a.sock, PollFlags::IN)];
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        assert_eq!(poll(&mut fds, Some(&zero)).unwrap(), 0);
     }
 
     #[test]
