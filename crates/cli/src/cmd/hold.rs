@@ -32,7 +32,8 @@ pub struct Args {
     /// Open bare connections that never send a Hello.
     #[arg(long)]
     no_hello: bool,
-    /// Count connections the agent refuses instead of stopping at the first.
+    /// Count connections the agent refuses (`limit-exceeded`) instead of
+    /// stopping at the first; other errors still stop it.
     #[arg(long)]
     keep_going: bool,
     /// TCP only: the local address to connect from (e.g. 127.0.0.2).
@@ -73,7 +74,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         };
         match opened {
             Ok(h) => held.push(h),
-            Err(e) if a.keep_going => {
+            // Only the agent's refusals are counted: anything else (this
+            // process out of descriptors, say) is not the agent's answer.
+            Err(e) if a.keep_going && e.to_string().contains("limit-exceeded") => {
                 refused += 1;
                 first_refusal.get_or_insert_with(|| e.to_string());
             }
