@@ -60,6 +60,7 @@
 
 use crate::conns::{Phase, Slot};
 use crate::dispatch::{AgentCore, Counters, Prepared, Reply};
+use crate::placement;
 use crate::reactor::{Step, Task};
 use crate::region::{Blocks, OutputRegion};
 use engine::{OutputData, TensorView};
@@ -215,6 +216,9 @@ impl ShmSession {
             return Step::Done;
         }
         self.slot.set(Phase::Busy);
+        // Woken by the client's Hello, this worker may well be on the
+        // client's CPU: both are about to spin (see `placement`).
+        placement::step_off_client_cpu(ch.control());
         let layout = *ch.layout();
         self.state = State::Serving(Box::new(Serving {
             arena: ch.arena().clone(),
@@ -238,6 +242,8 @@ impl ShmSession {
                 return Step::Done;
             }
             st.parked = false;
+            // Woken by the client's wake-up byte: as at the start.
+            placement::step_off_client_cpu(st.ch.control());
         }
         let policy = WaitPolicy {
             spin: self.cfg.spin,

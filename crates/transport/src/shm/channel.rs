@@ -598,6 +598,14 @@ impl ShmChannel {
     }
 }
 
+impl ShmChannel {
+    /// The control socket (a parked side waits on it; the agent asks it
+    /// who the client is).
+    pub fn control(&self) -> &UnixStream {
+        &self.sock
+    }
+}
+
 /// The control socket: what a parked side waits on.
 impl AsFd for ShmChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
