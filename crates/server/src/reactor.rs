@@ -427,20 +427,27 @@ mod tests {
         }
     }
 
+    /// Parks `n` echo tasks; returns their peers and the tasks' run count.
+    fn echoes(r: &Reactor, n: usize) -> (Vec<UnixStream>, Arc<AtomicUsize>) {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let clients = (0..n)
+            .map(|_| {
+                let (a, b) = UnixStream::pair().unwrap();
+                r.add(Box::new(Echo {
+                    sock: b,
+                    runs: runs.clone(),
+                }))
+                .unwrap();
+                a
+            })
+            .collect();
+        (clients, runs)
+    }
+
     #[test]
     fn many_parked_connections_hold_no_thread_and_are_served_when_they_speak() {
         let r = Reactor::new(64).unwrap();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let mut clients = Vec::new();
-        for _ in 0..500 {
-            let (a, b) = UnixStream::pair().unwrap();
-            r.add(Box::new(Echo {
-                sock: b,
-                runs: runs.clone(),
-            }))
-            .unwrap();
-            clients.push(a);
-        }
+        let (mut clients, runs) = echoes(&r, 500);
         let s = r.stats();
         assert_eq!(s.parked, 500);
         assert!(s.workers <= MIN_WORKERS + 1, "{s:?}");
@@ -481,15 +488,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_busy_task_never_holds_up_another() {
-        let r = Reactor::new(64).unwrap();
+    /// Parks `n` tasks that block in `run` until released, makes each
+    /// ready and waits until all of them run (so `n` workers are stuck);
+    /// returns their peers and the sender that releases them (one send each).
+    fn stuck(r: &Reactor, n: usize) -> (Vec<UnixStream>, mpsc::Sender<()>) {
         let (started_tx, started) = mpsc::channel();
         let (go_tx, go) = mpsc::channel();
         let go = Arc::new(Mutex::new(go));
-        let mut clients = Vec::new();
-        // More blocking tasks than the pool starts with: it grows.
-        for _ in 0..(MIN_WORKERS + 3) {
+        let mut peers = Vec::new();
+        for _ in 0..n {
             let (a, b) = UnixStream::pair().unwrap();
             r.add(Box::new(Busy {
                 sock: b,
@@ -498,33 +505,31 @@ mod tests {
             }))
             .unwrap();
             (&a).write_all(b"x").unwrap();
-            clients.push(a);
+            peers.push(a);
         }
-        for i in 0..(MIN_WORKERS + 3) {
+        for i in 0..n {
             started
                 .recv_timeout(Duration::from_secs(10))
                 .unwrap_or_else(|_| panic!("task {i} never ran"));
         }
-        for _ in 0..(MIN_WORKERS + 3) {
-            go_tx.send(()).unwrap();
-        }
+        (peers, go_tx)
+    }
+
+    #[test]
+    fn a_busy_task_never_holds_up_another() {
+        // More blocking tasks than the pool starts with: it grows.
+        let r = Reactor::new(64).unwrap();
+        let (_peers, go) = stuck(&r, MIN_WORKERS + 3);
         assert!(r.stats().workers > MIN_WORKERS);
+        for _ in 0..(MIN_WORKERS + 3) {
+            go.send(()).unwrap();
+        }
     }
 
     #[test]
     fn a_burst_of_short_tasks_does_not_grow_the_pool() {
         let r = Reactor::new(4096).unwrap();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let mut clients = Vec::new();
-        for _ in 0..2000 {
-            let (a, b) = UnixStream::pair().unwrap();
-            r.add(Box::new(Echo {
-                sock: b,
-                runs: runs.clone(),
-            }))
-            .unwrap();
-            clients.push(a);
-        }
+        let (clients, _runs) = echoes(&r, 2000);
         // 2000 hang-ups at once: each task reads EOF and ends.
         drop(clients);
         let t = std::time::Instant::now();
@@ -550,39 +555,16 @@ mod tests {
         // next connection (the monitor only wakes when a worker takes the
         // last place).
         let r = Reactor::with_retire(64, Duration::from_millis(30)).unwrap();
-        let (started_tx, started) = mpsc::channel();
-        let (go_tx, go) = mpsc::channel();
-        let go = Arc::new(Mutex::new(go));
-        let mut held = Vec::new();
-        for _ in 0..MIN_WORKERS {
-            let (a, b) = UnixStream::pair().unwrap();
-            r.add(Box::new(Busy {
-                sock: b,
-                started: started_tx.clone(),
-                go: go.clone(),
-            }))
-            .unwrap();
-            (&a).write_all(b"x").unwrap();
-            held.push(a);
-        }
-        for _ in 0..MIN_WORKERS {
-            started.recv_timeout(Duration::from_secs(10)).unwrap();
-        }
+        let (_peers, go) = stuck(&r, MIN_WORKERS);
         std::thread::sleep(Duration::from_millis(300));
-        let runs = Arc::new(AtomicUsize::new(0));
-        let (mut c, d) = UnixStream::pair().unwrap();
-        r.add(Box::new(Echo {
-            sock: d,
-            runs: runs.clone(),
-        }))
-        .unwrap();
+        let mut c = echoes(&r, 1).0.remove(0);
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         c.write_all(b"z").unwrap();
         let mut b = [0u8; 1];
         c.read_exact(&mut b)
             .expect("served while the others are stuck");
         for _ in 0..MIN_WORKERS {
-            go_tx.send(()).unwrap();
+            go.send(()).unwrap();
         }
     }
 
@@ -611,13 +593,7 @@ mod tests {
             other => panic!("expected the connection closed, got {other:?}"),
         }
         // Still serving.
-        let runs = Arc::new(AtomicUsize::new(0));
-        let (mut c, d) = UnixStream::pair().unwrap();
-        r.add(Box::new(Echo {
-            sock: d,
-            runs: runs.clone(),
-        }))
-        .unwrap();
+        let mut c = echoes(&r, 1).0.remove(0);
         c.write_all(b"y").unwrap();
         c.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"y");
