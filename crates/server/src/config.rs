@@ -523,6 +523,39 @@ mod tests {
         assert!(ModelConfig::parse_flag("nopath").is_err());
     }
 
+    /// The TOML shown at the top of this file, as the file says it.
+    fn documented_example() -> String {
+        let src = include_str!("config.rs");
+        let start = src.find("//! ```toml\n").expect("the example") + "//! ```toml\n".len();
+        let end = start + src[start..].find("//! ```\n").expect("its end");
+        src[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("//!").unwrap_or(l).trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn the_documented_example_parses_and_shows_the_real_defaults() {
+        let cfg = AgentConfig::from_toml(&documented_example()).unwrap();
+        let d = AgentConfig::default();
+        assert_eq!(cfg.limits, d.limits);
+        assert_eq!(cfg.max_total_payload, d.max_total_payload);
+        assert_eq!(cfg.stall_timeout, d.stall_timeout);
+        assert_eq!(cfg.max_connections, d.max_connections);
+        assert_eq!(cfg.max_connections_per_peer, d.max_connections_per_peer);
+        assert_eq!(cfg.handshake_timeout, d.handshake_timeout);
+        assert_eq!(cfg.idle_timeout, d.idle_timeout);
+        assert_eq!(cfg.socket_spin_us, d.socket_spin_us);
+        assert_eq!(cfg.shm_spin_us, d.shm_spin_us);
+        assert_eq!(cfg.shm_sizes(), d.shm_sizes());
+        assert_eq!(cfg.shm_park_after, d.shm_park_after);
+        assert_eq!(
+            (cfg.intra_threads, cfg.inter_threads),
+            (d.intra_threads, d.inter_threads)
+        );
+    }
+
     #[test]
     fn connection_limits_parse_and_are_checked() {
         let d = AgentConfig::default();
