@@ -164,6 +164,20 @@ struct Shared {
     dead: Option<String>,
     /// Ids of requests sent and not yet answered (control messages excluded).
     pending: PendingIds,
+    /// Callers blocked on the condition variable: notifying it is a
+    /// `futex` call even when no one waits (~1 µs here, a sixth of a
+    /// polling Unix-socket round trip), so it is made only when one does.
+    waiting: usize,
+}
+
+impl StreamLink {
+    /// Wakes the callers waiting for the reader role or their response,
+    /// if any; `sh` is the state just changed, still locked.
+    fn wake(&self, sh: &Shared) {
+        if sh.waiting > 0 {
+            self.cv.notify_all();
+        }
+    }
 }
 
 struct StreamLink {
@@ -293,6 +307,7 @@ impl Client {
                         reading: false,
                         dead: None,
                         pending: PendingIds::default(),
+                        waiting: 0,
                     }),
                     cv: Condvar::new(),
                 }))
@@ -699,7 +714,7 @@ impl Inner {
                         let msg = format!("sending to {} failed: {e}", self.uri);
                         let mut sh = lock(&s.shared);
                         sh.dead.get_or_insert(msg.clone());
-                        s.cv.notify_all();
+                        s.wake(&sh);
                         ClientError::AgentGone(msg)
                     })
             }
@@ -742,7 +757,7 @@ impl Inner {
         let mut sh = lock(&s.shared);
         sh.reading = false;
         self.absorb(&mut sh, r);
-        s.cv.notify_all();
+        s.wake(&sh);
         Ok(())
     }
 
@@ -835,10 +850,12 @@ impl Inner {
                 return Err(ClientError::Timeout(self.opts.timeout));
             }
             if sh.reading {
+                sh.waiting += 1;
                 sh =
                     s.cv.wait_timeout(sh, deadline - now)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
+                sh.waiting -= 1;
                 continue;
             }
             sh.reading = true;
@@ -850,12 +867,12 @@ impl Inner {
                 Ok(f) if f.header.request_id == id && id != 0 => {
                     sh.pending.remove(id);
                     // Another waiter may be parked until the reader role is free.
-                    s.cv.notify_all();
+                    s.wake(&sh);
                     return Ok(f);
                 }
                 other => self.absorb(&mut sh, other),
             }
-            s.cv.notify_all();
+            s.wake(&sh);
         }
     }
 
