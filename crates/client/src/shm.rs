@@ -717,11 +717,12 @@ impl ShmLink {
                 WaitPolicy {
                     spin: Duration::ZERO,
                     slice: SLEEP_CHUNK,
+                    ..WaitPolicy::CLIENT
                 }
             } else {
                 WaitPolicy {
                     spin,
-                    slice: WaitPolicy::CLIENT.slice,
+                    ..WaitPolicy::CLIENT
                 }
             };
             let limit = limit.unwrap_or_else(|| timeout.min(policy.spin + SLEEP_CHUNK));

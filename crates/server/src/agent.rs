@@ -98,6 +98,10 @@ pub struct AgentStats {
     /// Output bytes answered by pointing at the input they alias (identity)
     /// since start: nothing written.
     pub shm_output_bytes_aliased: u64,
+    /// Times a session's worker, polling for its client, found the client
+    /// on its own CPU and moved off it, since start
+    /// ([`transport::cpu`]).
+    pub cpu_moves: u64,
 }
 
 /// A running agent.
@@ -246,6 +250,7 @@ impl Agent {
             shm_output_bytes_copied: c.shm_output_bytes_copied.load(Ordering::Relaxed),
             shm_output_bytes_in_place: c.shm_output_bytes_in_place.load(Ordering::Relaxed),
             shm_output_bytes_aliased: c.shm_output_bytes_aliased.load(Ordering::Relaxed),
+            cpu_moves: transport::cpu::moves_total(),
         }
     }
 

@@ -18,7 +18,6 @@ pub mod config;
 pub mod conns;
 pub mod dispatch;
 mod inproc;
-pub mod placement;
 pub mod queue;
 pub mod reactor;
 pub mod region;

@@ -45,7 +45,14 @@
 //! which wakes it too. A spin of 0 sleeps at once (lowest CPU, ~5 µs more
 //! per request for the wake-up); longer spins help clients that pipeline,
 //! but each spinning session holds a core that engine threads may need on
-//! small machines.
+//! small machines. So a session spins only in one of the agent's polling
+//! slots ([`SHM_POLLERS`]: one per CPU); with more busy sessions than
+//! slots, the others sleep at once after each response.
+//! Slotless sessions still poll 3 µs: a client that is running sends its
+//! next request within that, and catching it saves two wake-ups.
+//! While it spins, the worker publishes its CPU and moves off its client's
+//! when both poll on one ([`ShmChannel`]'s placement), as long as no more
+//! sessions poll than half the CPUs (else there is no CPU to move to).
 //!
 //! When the response ring is full (the client is not reading), the worker
 //! retries with a growing pause up to `stall_timeout`, then closes the
@@ -60,7 +67,6 @@
 
 use crate::conns::{Phase, Slot};
 use crate::dispatch::{AgentCore, Counters, Prepared, Reply};
-use crate::placement;
 use crate::reactor::{Step, Task};
 use crate::region::{Blocks, OutputRegion};
 use engine::{OutputData, TensorView};
@@ -71,6 +77,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use transport::shm::{futex, layout::AGENT_SLEEP, Arena, Layout, ShmChannel, ShmError};
 use transport::shm::{ShmSizes, WaitPolicy, SLOT_LEN};
+use transport::spin::SHM_POLLERS;
 use wire::{Header, Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline, HEADER_LEN};
 
 /// How shared-memory sessions are set up and wait (from `AgentConfig`).
@@ -216,9 +223,6 @@ impl ShmSession {
             return Step::Done;
         }
         self.slot.set(Phase::Busy);
-        // Woken by the client's Hello, this worker may well be on the
-        // client's CPU: both are about to spin (see `placement`).
-        placement::step_off_client_cpu(ch.control());
         let layout = *ch.layout();
         self.state = State::Serving(Box::new(Serving {
             arena: ch.arena().clone(),
@@ -242,12 +246,14 @@ impl ShmSession {
                 return Step::Done;
             }
             st.parked = false;
-            // Woken by the client's wake-up byte: as at the start.
-            placement::step_off_client_cpu(st.ch.control());
         }
         let policy = WaitPolicy {
             spin: self.cfg.spin,
-            slice: WaitPolicy::AGENT.slice,
+            ..WaitPolicy::AGENT
+        };
+        let sleep_at_once = WaitPolicy {
+            spin: Duration::from_micros(3).min(policy.spin),
+            ..policy
         };
         let mut s = Session {
             core: &self.core,
@@ -259,7 +265,22 @@ impl ShmSession {
             stall: self.cfg.stall,
         };
         loop {
-            let (h, desc) = match s.ch.recv_or_park(&s.limits, policy, self.cfg.park_after) {
+            // Poll only in one of the agent's shm polling slots (one per
+            // CPU): more pollers than that only take turns on a CPU.
+            // Without one, sleep until woken.
+            let slot = SHM_POLLERS.try_take();
+            let policy = match slot {
+                // Moving off the client's CPU needs a CPU to move to: one
+                // per polling session and one per client.
+                Some(_) => WaitPolicy {
+                    step_off: SHM_POLLERS.busy() * 2 <= SHM_POLLERS.cap(),
+                    ..policy
+                },
+                None => sleep_at_once,
+            };
+            let got = s.ch.recv_or_park(&s.limits, policy, self.cfg.park_after);
+            drop(slot);
+            let (h, desc) = match got {
                 Ok(Some(m)) => m,
                 Ok(None) if !s.core.is_closing() => {
                     st.parked = true;

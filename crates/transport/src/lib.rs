@@ -10,8 +10,10 @@
 //! a destination the receiver chose. [`Listener`] accepts such connections.
 //! The [`inproc`] transport hands messages to a service in the same process
 //! by function call: no bytes move at all. Every receiver waits the same
-//! way, [`spin`]: a bounded busy-wait before it blocks.
+//! way, [`spin`]: a bounded busy-wait before it blocks; a waiter that finds
+//! its peer on its own CPU steps off it ([`cpu`]).
 
+pub mod cpu;
 mod endpoint;
 mod error;
 pub mod inproc;

@@ -38,14 +38,23 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The slots socket readers of this process poll in.
+/// The slots socket readers of this process poll in (half the CPUs).
 pub static SOCKET_POLLERS: SpinSlots = SpinSlots::new();
+
+/// The slots the agent's shared-memory sessions poll in: one per CPU. A
+/// ring poll costs nanoseconds, not a system call, and a session that may
+/// not poll pays a futex wake-up (~5 µs each way) on every request, so
+/// these are as many as the CPUs, not half: beyond that, pollers only take
+/// turns on a CPU.
+pub static SHM_POLLERS: SpinSlots = SpinSlots::one_per_cpu();
 
 /// A process-wide cap on threads polling at once (see the module docs).
 #[derive(Debug)]
 pub struct SpinSlots {
     busy: AtomicUsize,
     cap: OnceLock<usize>,
+    /// The cap is the CPUs divided by this (at least one).
+    cpus_per_slot: usize,
 }
 
 /// One taken slot of a [`SpinSlots`]; given back when dropped.
@@ -59,6 +68,16 @@ impl SpinSlots {
         SpinSlots {
             busy: AtomicUsize::new(0),
             cap: OnceLock::new(),
+            cpus_per_slot: 2,
+        }
+    }
+
+    /// A cap of as many slots as this process has CPUs (read on first use).
+    pub const fn one_per_cpu() -> SpinSlots {
+        SpinSlots {
+            busy: AtomicUsize::new(0),
+            cap: OnceLock::new(),
+            cpus_per_slot: 1,
         }
     }
 
@@ -73,8 +92,13 @@ impl SpinSlots {
     pub fn cap(&self) -> usize {
         *self.cap.get_or_init(|| {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cpus / 2).max(1)
+            (cpus / self.cpus_per_slot).max(1)
         })
+    }
+
+    /// Slots taken now.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
     }
 
     /// A slot, or `None` when `cap` threads already poll.
@@ -151,6 +175,18 @@ impl Spin {
         }
         self.spent = true;
         false
+    }
+
+    /// True right after an [`Spin::again`] that read the clock (every
+    /// `check_every` polls): when a caller checks anything slower than a
+    /// poll.
+    pub fn at_check(&self) -> bool {
+        self.polls.is_multiple_of(self.check_every) && self.polls != 0
+    }
+
+    /// Ends the spin now: the next [`Spin::again`] says block.
+    pub fn stop(&mut self) {
+        self.spent = true;
     }
 
     /// The budget this wait was given.

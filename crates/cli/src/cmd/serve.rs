@@ -133,11 +133,15 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         "tensorwire agent: shutting down (in-flight requests get {}s to finish)",
         a.grace
     );
+    let st = agent.stats();
     let unfinished = agent.shutdown(Duration::from_secs(a.grace));
     if unfinished > 0 {
         eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
     }
-    eprintln!("tensorwire agent: stopped");
+    eprintln!(
+        "tensorwire agent: stopped ({} responses, {} errors; workers moved off a client's CPU {} times)",
+        st.responses, st.errors, st.cpu_moves
+    );
     Ok(())
 }
 

@@ -16,6 +16,16 @@
 //! still alive. A sender wakes the peer only when that word says it sleeps,
 //! so busy sessions make no syscalls at all.
 //!
+//! Placement: two sides polling for each other on one CPU can only take
+//! turns (~8 µs a round trip instead of ~0.5). While it polls, each side
+//! publishes its CPU in its spin CPU word ([`layout`](crate::shm::layout));
+//! at each of its spin's clock reads it compares the peer's. When both poll
+//! on one CPU, the agent steps off it ([`CpuStep`]); the client steps off
+//! only when the agent's word says the agent may not. A side whose turn it
+//! is to move but whose mask holds it there stops spinning and sleeps,
+//! handing the CPU to its peer; one that moved less than 1 ms ago polls on
+//! (more polling threads than CPUs: moving again would only bounce them).
+//!
 //! Parking: the agent can hand a session that has been quiet for a while
 //! back to its event loop instead of keeping a thread asleep on the futex
 //! ([`ShmChannel::recv_or_park`]). It then sets its sleep word to
@@ -23,8 +33,9 @@
 //! byte on the control socket, which the event loop watches (with the
 //! peer's hang-up) — the futex cannot be watched by `epoll`.
 
+use crate::cpu::{self, CpuStep, Step};
 use crate::shm::fdpass::{recv_with_fd, send_with_fd};
-use crate::shm::layout::{Layout, AGENT_SLEEP, CLIENT_SLEEP};
+use crate::shm::layout::{Layout, AGENT_CPU, AGENT_SLEEP, CLIENT_CPU, CLIENT_SLEEP, CPU_PINNED};
 use crate::shm::ring::{Consumer, Producer, Ring, RingError, SLOT_LEN};
 use crate::shm::{futex, Arena};
 use crate::spin::Spin;
@@ -108,6 +119,12 @@ pub struct WaitPolicy {
     pub spin: Duration,
     /// How long each sleep lasts before the peer's liveness is checked.
     pub slice: Duration,
+    /// Whether this wait may move its thread off a CPU it finds shared
+    /// with the peer, when that is this side's turn (see the module docs).
+    /// Off, a collision is polled through, yielding. The agent turns it
+    /// off while it has more polling sessions than half its CPUs: no CPU
+    /// is free to move to then, and moves would only shuffle the pollers.
+    pub step_off: bool,
 }
 
 impl WaitPolicy {
@@ -115,11 +132,13 @@ impl WaitPolicy {
     pub const AGENT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(50),
         slice: Duration::from_millis(250),
+        step_off: true,
     };
     /// The client's default: spin 200 µs, check liveness every 20 ms.
     pub const CLIENT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(200),
         slice: Duration::from_millis(20),
+        step_off: true,
     };
 }
 
@@ -138,6 +157,13 @@ pub struct ShmChannel {
     tx: Producer,
     rx: Consumer,
     sock: UnixStream,
+    /// This side's moves off its peer's CPU.
+    step: CpuStep,
+    /// What this side last wrote in its spin CPU word (0: not polling).
+    spinning: u32,
+    /// Whether this thread's mask allows it one CPU only (read when the
+    /// channel is made, and again at each collision).
+    pinned: bool,
 }
 
 /// The control-socket path for `shm://name`: `$TENSORWIRE_SHM_DIR/name.sock`,
@@ -369,6 +395,9 @@ impl ShmChannel {
             tx,
             rx,
             sock,
+            step: CpuStep::new(),
+            spinning: 0,
+            pinned: !cpu::may_leave(cpu::current()),
         })
     }
 
@@ -382,18 +411,86 @@ impl ShmChannel {
         &self.layout
     }
 
+    /// This side's word (`mine`) or the peer's, of a pair that has one
+    /// for the agent at `agent` and one for the client at `client`.
+    fn word(&self, agent: usize, client: usize, mine: bool) -> &AtomicU32 {
+        let agents = (self.side == Side::Agent) == mine;
+        self.arena.atomic_u32(if agents { agent } else { client })
+    }
+
     fn my_sleep(&self) -> &AtomicU32 {
-        self.arena.atomic_u32(match self.side {
-            Side::Agent => AGENT_SLEEP,
-            Side::Client => CLIENT_SLEEP,
-        })
+        self.word(AGENT_SLEEP, CLIENT_SLEEP, true)
     }
 
     fn peer_sleep(&self) -> &AtomicU32 {
-        self.arena.atomic_u32(match self.side {
-            Side::Agent => CLIENT_SLEEP,
-            Side::Client => AGENT_SLEEP,
-        })
+        self.word(AGENT_SLEEP, CLIENT_SLEEP, false)
+    }
+
+    fn my_cpu(&self) -> &AtomicU32 {
+        self.word(AGENT_CPU, CLIENT_CPU, true)
+    }
+
+    fn peer_cpu(&self) -> &AtomicU32 {
+        self.word(AGENT_CPU, CLIENT_CPU, false)
+    }
+
+    /// Publishes where this side polls: `word` (0: not polling), written
+    /// only when it changes (the peer reads that cache line).
+    fn publish_spin(&mut self, word: u32) {
+        if self.spinning != word {
+            self.my_cpu().store(word, Ordering::Relaxed);
+            self.spinning = word;
+        }
+    }
+
+    /// This side's spin CPU word for `cpu`.
+    fn spin_word(&self, cpu: usize) -> u32 {
+        let n = u32::try_from(cpu + 1).unwrap_or(u32::MAX) & !CPU_PINNED;
+        n | if self.pinned { CPU_PINNED } else { 0 }
+    }
+
+    /// At a spin's clock read: publishes this side's CPU and, if the peer
+    /// polls on the same one, steps off it (see the module docs). True
+    /// when this side should stop spinning and sleep instead.
+    fn collides(&mut self, step_off: bool) -> bool {
+        let here = cpu::current();
+        self.publish_spin(self.spin_word(here));
+        let peer = self.peer_cpu().load(Ordering::Relaxed);
+        if peer & !CPU_PINNED != self.spinning & !CPU_PINNED {
+            return false;
+        }
+        // One side acts, so the two do not both move (onto the same other
+        // CPU): the agent, unless its mask holds it; then the client.
+        if !step_off || (self.side == Side::Client && peer & CPU_PINNED == 0) {
+            // Keep polling, word published: the agent sees it at its next
+            // clock read and moves. (Sleeping here would clear the word
+            // and hide the collision from the agent.)
+            return false;
+        }
+        match self.step.step_off(here) {
+            Step::Moved => {
+                self.pinned = false;
+                self.publish_spin(self.spin_word(cpu::current()));
+                false
+            }
+            Step::TooSoon => {
+                // Its mask has other CPUs (maybe since the last look).
+                self.pinned = false;
+                false
+            }
+            Step::NotThere => false,
+            Step::Pinned => {
+                // Tell the peer it is its turn to move.
+                self.pinned = true;
+                self.publish_spin(self.spin_word(here));
+                true
+            }
+        }
+    }
+
+    /// How many times this side moved off its peer's CPU.
+    pub fn cpu_moves(&self) -> u64 {
+        self.step.moves()
     }
 
     /// Publishes one message (header + descriptor section); `Ok(false)` when
@@ -523,12 +620,24 @@ impl ShmChannel {
         park_after: Option<Duration>,
     ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
         let mut spin = Spin::new(policy.spin, 64);
+        // Set when this side sleeps because its mask holds it on its
+        // peer's CPU: its word stays published (pinned bit set) while it
+        // sleeps, so that the peer, polling there, sees whose turn it is.
+        let mut handed_over = false;
         loop {
             if let Some(m) = self.try_recv(limits)? {
+                self.publish_spin(0);
                 return Ok(Some(m));
             }
             if spin.again() {
+                if spin.at_check() && self.collides(policy.step_off) {
+                    handed_over = true;
+                    spin.stop();
+                }
                 continue;
+            }
+            if !handed_over {
+                self.publish_spin(0);
             }
             let since = spin.elapsed();
             let left = limit.map(|l| l.saturating_sub(since));
@@ -539,6 +648,7 @@ impl ShmChannel {
                 // The same handshake as a futex sleep (§14.9): word, fence,
                 // look again; a sender that published before seeing the
                 // word is seen here, one that publishes after sees it.
+                self.publish_spin(0);
                 self.my_sleep().store(SLEEP_PARKED, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
                 if !self.rx.ready() {
@@ -642,6 +752,100 @@ mod tests {
         }
     }
 
+    fn cpus() -> u32 {
+        rustix::thread::sched_getaffinity(None).map_or(1, |m| m.count())
+    }
+
+    /// Pins the calling thread to the CPU it is on; returns that CPU.
+    fn pin_here() -> usize {
+        let mut one = rustix::thread::CpuSet::new();
+        let here = cpu::current();
+        one.set(here);
+        rustix::thread::sched_setaffinity(None, &one).unwrap();
+        here
+    }
+
+    #[test]
+    fn the_agent_steps_off_a_client_polling_on_its_cpu() {
+        if cpus() < 2 {
+            eprintln!("skipped: this process may use one CPU only");
+            return;
+        }
+        let (client, mut agent, _) = pair(small());
+        std::thread::spawn(move || {
+            let mask = rustix::thread::sched_getaffinity(None).unwrap();
+            // Start on a known CPU with the full mask back: nothing moves
+            // a thread that does not have to move.
+            let here = pin_here();
+            rustix::thread::sched_setaffinity(None, &mask).unwrap();
+            client.my_cpu().store(here as u32 + 1, Ordering::Relaxed);
+            // The scheduler may have moved us meanwhile (then: no
+            // collision, and no move).
+            let sleep = agent.collides(true);
+            assert!(!sleep, "an agent that may move keeps polling");
+            if agent.cpu_moves() == 1 {
+                assert_ne!(cpu::current(), here);
+                let word = agent.my_cpu().load(Ordering::Relaxed);
+                assert_eq!(word, cpu::current() as u32 + 1, "its new CPU is published");
+            }
+            assert_eq!(rustix::thread::sched_getaffinity(None).unwrap(), mask);
+            // A message ends the poll and clears the word.
+            let h = Header::new(Kind::Ping);
+            let mut client = client;
+            client.send(&h, &[]).unwrap();
+            agent
+                .recv(&Limits::default(), WaitPolicy::AGENT, None)
+                .unwrap();
+            assert_eq!(agent.my_cpu().load(Ordering::Relaxed), 0);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_pinned_agent_sleeps_and_the_client_moves_instead() {
+        let (mut client, agent, _) = pair(small());
+        std::thread::spawn(move || {
+            let mut agent = agent;
+            let here = pin_here();
+            agent.pinned = !cpu::may_leave(here);
+            client.my_cpu().store(here as u32 + 1, Ordering::Relaxed);
+            assert!(agent.collides(true), "a pinned agent must sleep, not spin");
+            assert_eq!(agent.cpu_moves(), 0);
+            let word = agent.my_cpu().load(Ordering::Relaxed);
+            assert_eq!(word, (here as u32 + 1) | CPU_PINNED);
+            // The client, on the same CPU, sees the flag: it is its turn.
+            client.pinned = true;
+            assert!(client.collides(true), "pinned too: it sleeps");
+        })
+        .join()
+        .unwrap();
+        if cpus() < 2 {
+            return;
+        }
+        // An unpinned client in the same spot moves.
+        let (mut client, agent, _) = pair(small());
+        std::thread::spawn(move || {
+            let mask = rustix::thread::sched_getaffinity(None).unwrap();
+            let here = pin_here();
+            rustix::thread::sched_setaffinity(None, &mask).unwrap();
+            client.pinned = false;
+            agent
+                .my_cpu()
+                .store((here as u32 + 1) | CPU_PINNED, Ordering::Relaxed);
+            assert!(!client.collides(true));
+            assert!(client.cpu_moves() <= 1);
+            // And with an agent free to move, the client only polls on.
+            let (mut client, agent, _) = pair(small());
+            let here = cpu::current();
+            agent.my_cpu().store(here as u32 + 1, Ordering::Relaxed);
+            assert!(!client.collides(true));
+            assert_eq!(client.cpu_moves(), 0);
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn bootstrap_shares_the_arena_and_narrows_limits() {
         let (c, a, limits) = pair(small());
@@ -727,6 +931,7 @@ mod tests {
         let quick = WaitPolicy {
             spin: Duration::ZERO,
             slice: Duration::from_millis(5),
+            step_off: true,
         };
         for round in 0..3 {
             // Nothing to read: the agent parks after 10 ms.
@@ -765,6 +970,7 @@ mod tests {
         let quick = WaitPolicy {
             spin: Duration::ZERO,
             slice: Duration::from_millis(5),
+            step_off: true,
         };
         assert!(matches!(
             a.recv_or_park(&limits, quick, Duration::ZERO),

@@ -11,13 +11,22 @@
 //!   48  data area length          u64
 //!   56  client region length      u64   data[0, client) is the client's; the rest the agent's
 //!   64  agent sleep word          u32   (futex; its own cache line)
+//!   68  agent spin CPU word       u32   (see below; same line: the agent writes both)
 //!  128  client sleep word         u32   (futex; its own cache line)
+//!  132  client spin CPU word      u32
 //! request ring, response ring (each 128 + capacity × 64 B, page aligned)
 //! data area (page aligned)
 //! ```
 //!
 //! The agent writes the header before it hands the arena over; the client
 //! checks every field before using any.
+//!
+//! A spin CPU word says where its side is polling the ring right now: 0
+//! when it is not polling (working, or asleep), else the CPU number + 1,
+//! with [`CPU_PINNED`] set when that side's mask allows it no other CPU.
+//! Only a hint, read to find both sides on one CPU (PROTOCOL §14.9): a
+//! peer that writes nonsense there only changes where this side runs or
+//! whether it spins.
 
 use crate::shm::ring::Ring;
 use crate::shm::Arena;
@@ -29,6 +38,12 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"TWSHM002");
 pub const AGENT_SLEEP: usize = 64;
 /// Offset of the client's sleep word.
 pub const CLIENT_SLEEP: usize = 128;
+/// Offset of the agent's spin CPU word.
+pub const AGENT_CPU: usize = 68;
+/// Offset of the client's spin CPU word.
+pub const CLIENT_CPU: usize = 132;
+/// Flag of a spin CPU word: this side may run on no other CPU.
+pub const CPU_PINNED: u32 = 1 << 31;
 const PAGE: usize = 4096;
 
 /// Where everything lives in one arena.
