@@ -52,7 +52,9 @@ for uri in "$UNIX" "$TCP"; do
 done
 
 echo
-echo "== round trips (p50/p99 in µs; same run, raw = bare socket, no framework)"
+echo "== round trips (µs; same run, nothing pinned; raw = bare socket, no framework,"
+echo "   both ends polling 200 µs before they block as tensorwire's client and agent do;"
+echo "   each line names its placement)"
 N="${N:-20000}"
 "$TW" ping --connect inproc:// -n "$N"
 "$TW" ping --connect "$UNIX" -n "$N"

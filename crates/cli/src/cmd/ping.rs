@@ -36,6 +36,11 @@ pub struct Args {
     /// Untimed round trips first.
     #[arg(long, default_value_t = 1000)]
     warmup: usize,
+    /// Stop timing after this many seconds even if fewer than -n round
+    /// trips were made (for runs of several clients side by side that
+    /// must overlap for their whole run).
+    #[arg(long, value_name = "SECS", conflicts_with = "raw")]
+    duration: Option<f64>,
     /// Tensor bytes per request (0 = a request with no tensor at all).
     /// Ignored by --raw shm, whose floor is the notification cost alone (the
     /// shm transport leaves payload bytes in place): 8 bytes each way.
@@ -53,8 +58,9 @@ pub struct Args {
     #[arg(long, value_name = "CPU")]
     peer_cpu: Option<usize>,
     /// Microseconds a waiting read polls before it blocks: with --raw, both
-    /// ends of the floor (default 0, block at once); otherwise the client's
-    /// budget (default 200; the agent's is `serve --socket-spin-us`).
+    /// ends of the floor; otherwise the client's budget (the agent's is
+    /// `serve --socket-spin-us`). Default 200 for both, so that a floor
+    /// polls as tensorwire's transports do; 0 blocks at once.
     #[arg(long, value_name = "US")]
     spin_us: Option<u64>,
     /// Ask the agent for every request's timeline and print the median time
@@ -134,10 +140,18 @@ pub fn request_bytes(size: u64) -> u64 {
     HEADER_LEN as u64 + desc + size
 }
 
+/// The client's spin budget, and the raw floors' by default.
+const DEFAULT_SPIN_US: u64 = transport::shm::WaitPolicy::CLIENT.spin.as_micros() as u64;
+
 /// Runs `ping`.
 pub fn run(a: Args) -> Result<(), CmdError> {
     if a.iterations == 0 {
         return Err("-n must be at least 1".into());
+    }
+    if let Some(d) = a.duration {
+        if !(d.is_finite() && d > 0.0 && d <= 86_400.0) {
+            return Err(format!("--duration must be 0 < SECS <= 86400, not {d}").into());
+        }
     }
     let nodelay = parse_flag01(&a.nodelay, "--nodelay")?;
     // (target, samples, request bytes on the wire, tensor bytes)
@@ -156,7 +170,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
                 msg_len: usize::try_from(request_bytes(a.size))?,
                 nodelay,
                 split_writes: a.split_writes,
-                spin: spin_budget(a.spin_us.unwrap_or(0))?,
+                spin: spin_budget(a.spin_us.unwrap_or(DEFAULT_SPIN_US))?,
             };
             let mut cmd = Command::new(std::env::current_exe()?);
             cmd.arg("raw-echo");
@@ -396,11 +410,20 @@ fn sample_loop(
     a: &Args,
     mut sample: impl FnMut() -> Result<u64, CmdError>,
 ) -> Result<Vec<u64>, CmdError> {
-    let mut samples = Vec::with_capacity(a.iterations);
+    let mut samples = Vec::with_capacity(a.iterations.min(1 << 24));
+    let mut until = None;
     for i in 0..a.warmup + a.iterations {
         let ns = sample()?;
         if i >= a.warmup {
             samples.push(ns);
+            // Read the clock every 1024 samples only: it is a fifth of an
+            // shm round trip.
+            if let Some(d) = a.duration.filter(|_| samples.len() % 1024 == 1) {
+                let end = *until.get_or_insert_with(|| Instant::now() + Duration::from_secs_f64(d));
+                if Instant::now() >= end {
+                    break;
+                }
+            }
         }
     }
     Ok(samples)
@@ -432,12 +455,14 @@ fn print_summary(
             o.insert("tensor_bytes".into(), tensor_bytes.into());
             o.insert("message_bytes".into(), msg_bytes.into());
             o.insert("warmup".into(), a.warmup.into());
+            o.insert("placement".into(), placement(a).into());
         }
         println!("{v}");
     } else {
         println!(
-            "{target} [{}]: {} round trips of {} B (tensor {} B), warm-up {}: min {:.2} p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} mean {:.2} µs",
+            "{target} [{}; {}]: {} round trips of {} B (tensor {} B), warm-up {}: min {:.2} p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} mean {:.2} µs",
             what,
+            placement(a),
             s.count,
             msg_bytes,
             tensor_bytes,
@@ -451,6 +476,33 @@ fn print_summary(
         );
     }
     Ok(())
+}
+
+/// Where this measurement ran, as users should read it beside others: the
+/// client's CPUs, the raw echo peer's, and how waits wait.
+fn placement(a: &Args) -> String {
+    let client = match rustix::thread::sched_getaffinity(None) {
+        Ok(m) if m.count() == 1 => format!("client pinned to CPU {}", transport::cpu::current()),
+        Ok(m) => format!("client unpinned ({} CPUs)", m.count()),
+        Err(_) => "client placement unknown".into(),
+    };
+    let spin = a.spin_us.unwrap_or(DEFAULT_SPIN_US);
+    let wait = if a.raw.as_deref() == Some("shm") {
+        "both ends poll".to_string()
+    } else if a.raw.is_none() && (a.connect == "local" || a.connect.starts_with("inproc:")) {
+        "no waiting: a function call".to_string()
+    } else if spin == 0 {
+        "waits block".to_string()
+    } else if a.raw.is_some() {
+        format!("both ends poll {spin} µs, then block")
+    } else {
+        format!("client polls {spin} µs, then blocks")
+    };
+    match (a.raw.is_some(), a.peer_cpu) {
+        (true, Some(c)) => format!("{client}, echo peer on CPU {c}, {wait}"),
+        (true, None) => format!("{client}, echo peer unpinned, {wait}"),
+        (false, _) => format!("{client}, {wait}"),
+    }
 }
 
 /// Runs the raw echo peer.
