@@ -253,6 +253,7 @@ impl ShmSession {
         };
         let sleep_at_once = WaitPolicy {
             spin: Duration::from_micros(3).min(policy.spin),
+            step_off: false,
             ..policy
         };
         let mut s = Session {
@@ -278,8 +279,8 @@ impl ShmSession {
                 },
                 None => sleep_at_once,
             };
-            let got = s.ch.recv_or_park(&s.limits, policy, self.cfg.park_after);
-            drop(slot);
+            let got =
+                s.ch.recv_or_park(&s.limits, policy, self.cfg.park_after, slot);
             let (h, desc) = match got {
                 Ok(Some(m)) => m,
                 Ok(None) if !s.core.is_closing() => {

@@ -10,7 +10,9 @@
 //! [`CpuStep::step_off`] moves it to another CPU of its own mask, at most
 //! once per [`CpuStep::MOVE_EVERY`], and puts the mask back as it was (the
 //! scheduler stays free to place the thread later, and a user's pinning is
-//! never overridden: a thread whose mask holds one CPU never moves).
+//! never overridden: a thread whose mask holds one CPU never moves; a mask
+//! another process changes during the microseconds of a move is put back
+//! as it was before).
 //! A waiter pinned there sleeps instead of spinning (its caller's
 //! decision), which hands the CPU to the peer; one that moved a moment ago
 //! polls on, yielding, as it would have without this module.
@@ -79,21 +81,24 @@ impl CpuStep {
     }
 
     /// Moves this thread off `cpu` to another CPU its mask allows, unless
-    /// it is not on `cpu` (any more), its mask allows no other CPU, or it
-    /// moved less than [`CpuStep::MOVE_EVERY`] ago. The mask is left as it
-    /// was.
+    /// it is not on `cpu` (any more), it moved less than
+    /// [`CpuStep::MOVE_EVERY`] ago, or its mask allows no other CPU. The
+    /// mask is left as it was.
     pub fn step_off(&mut self, cpu: usize) -> Step {
         if current() != cpu {
             return Step::NotThere;
+        }
+        // Before the mask is read: a collision that lasts is looked at
+        // every few hundred nanoseconds, and this keeps that to a clock
+        // read.
+        if self.last.is_some_and(|t| t.elapsed() < Self::MOVE_EVERY) {
+            return Step::TooSoon;
         }
         let Ok(allowed) = sched_getaffinity(None) else {
             return Step::Pinned;
         };
         if allowed.count() < 2 || !allowed.is_set(cpu) {
             return Step::Pinned;
-        }
-        if self.last.is_some_and(|t| t.elapsed() < Self::MOVE_EVERY) {
-            return Step::TooSoon;
         }
         let mut elsewhere = allowed;
         elsewhere.unset(cpu);

@@ -38,7 +38,7 @@ use crate::shm::fdpass::{recv_with_fd, send_with_fd};
 use crate::shm::layout::{Layout, AGENT_CPU, AGENT_SLEEP, CLIENT_CPU, CLIENT_SLEEP, CPU_PINNED};
 use crate::shm::ring::{Consumer, Producer, Ring, RingError, SLOT_LEN};
 use crate::shm::{futex, Arena};
-use crate::spin::Spin;
+use crate::spin::{Spin, SpinSlot};
 use rustix::event::{poll, PollFd, PollFlags};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -121,9 +121,10 @@ pub struct WaitPolicy {
     pub slice: Duration,
     /// Whether this wait may move its thread off a CPU it finds shared
     /// with the peer, when that is this side's turn (see the module docs).
-    /// Off, a collision is polled through, yielding. The agent turns it
-    /// off while it has more polling sessions than half its CPUs: no CPU
-    /// is free to move to then, and moves would only shuffle the pollers.
+    /// Off, a collision is polled through, yielding (a side pinned there
+    /// still sleeps). The agent turns it off while it has more polling
+    /// sessions than half its CPUs: no CPU is free to move to then, and
+    /// moves would only shuffle the pollers.
     pub step_off: bool,
 }
 
@@ -162,7 +163,9 @@ pub struct ShmChannel {
     /// What this side last wrote in its spin CPU word (0: not polling).
     spinning: u32,
     /// Whether this thread's mask allows it one CPU only (read when the
-    /// channel is made, and again at each collision).
+    /// channel is made, and when a move finds the mask narrowed; not at
+    /// every collision: a system call every 64 polls while two threads
+    /// take turns on one CPU would lengthen each turn).
     pinned: bool,
 }
 
@@ -461,26 +464,29 @@ impl ShmChannel {
         }
         // One side acts, so the two do not both move (onto the same other
         // CPU): the agent, unless its mask holds it; then the client.
-        if !step_off || (self.side == Side::Client && peer & CPU_PINNED == 0) {
+        if self.side == Side::Client && peer & CPU_PINNED == 0 {
             // Keep polling, word published: the agent sees it at its next
             // clock read and moves. (Sleeping here would clear the word
             // and hide the collision from the agent.)
             return false;
         }
+        if self.pinned {
+            // This side's turn, and its mask holds it here: hand the CPU
+            // over (sleep), the word saying the peer must move.
+            return true;
+        }
+        if !step_off {
+            // No CPU to move to (more pollers than CPUs): poll on.
+            return false;
+        }
         match self.step.step_off(here) {
             Step::Moved => {
-                self.pinned = false;
                 self.publish_spin(self.spin_word(cpu::current()));
                 false
             }
-            Step::TooSoon => {
-                // Its mask has other CPUs (maybe since the last look).
-                self.pinned = false;
-                false
-            }
-            Step::NotThere => false,
+            Step::TooSoon | Step::NotThere => false,
             Step::Pinned => {
-                // Tell the peer it is its turn to move.
+                // Its mask narrowed since the channel was made.
                 self.pinned = true;
                 self.publish_spin(self.spin_word(here));
                 true
@@ -571,7 +577,7 @@ impl ShmChannel {
         policy: WaitPolicy,
         limit: Option<Duration>,
     ) -> Result<(Header, Vec<u8>), ShmError> {
-        match self.wait(limits, policy, limit, None)? {
+        match self.wait(limits, policy, limit, None, None)? {
             Some(m) => Ok(m),
             None => Err(ShmError::TimedOut),
         }
@@ -583,13 +589,18 @@ impl ShmChannel {
     /// caller then waits for the control socket ([`AsFd`]) to become
     /// readable — a sender's wake-up byte, or the peer's hang-up — and
     /// calls [`ShmChannel::unpark`] before receiving again.
+    ///
+    /// `slot` is the polling slot the caller took for this wait (see
+    /// [`crate::spin::SpinSlots`]), if any: it is given back as soon as the
+    /// wait stops polling, not held through the sleep.
     pub fn recv_or_park(
         &mut self,
         limits: &Limits,
         policy: WaitPolicy,
         park_after: Duration,
+        slot: Option<SpinSlot<'_>>,
     ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
-        self.wait(limits, policy, None, Some(park_after))
+        self.wait(limits, policy, None, Some(park_after), slot)
     }
 
     /// After [`ShmChannel::recv_or_park`] parked and the control socket
@@ -618,11 +629,28 @@ impl ShmChannel {
         policy: WaitPolicy,
         limit: Option<Duration>,
         park_after: Option<Duration>,
+        slot: Option<SpinSlot<'_>>,
+    ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
+        let r = self.wait_polling_then_sleeping(limits, policy, limit, park_after, slot);
+        // However the wait ended (message, time limit, park, error), this
+        // side is not polling any more.
+        self.publish_spin(0);
+        r
+    }
+
+    fn wait_polling_then_sleeping(
+        &mut self,
+        limits: &Limits,
+        policy: WaitPolicy,
+        limit: Option<Duration>,
+        park_after: Option<Duration>,
+        mut slot: Option<SpinSlot<'_>>,
     ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
         let mut spin = Spin::new(policy.spin, 64);
         // Set when this side sleeps because its mask holds it on its
         // peer's CPU: its word stays published (pinned bit set) while it
-        // sleeps, so that the peer, polling there, sees whose turn it is.
+        // sleeps, so that the peer, polling there, sees whose turn it is;
+        // `wait` clears it when the wait ends.
         let mut handed_over = false;
         loop {
             if let Some(m) = self.try_recv(limits)? {
@@ -636,6 +664,7 @@ impl ShmChannel {
                 }
                 continue;
             }
+            drop(slot.take());
             if !handed_over {
                 self.publish_spin(0);
             }
@@ -935,7 +964,7 @@ mod tests {
         };
         for round in 0..3 {
             // Nothing to read: the agent parks after 10 ms.
-            let got = a.recv_or_park(&limits, quick, Duration::from_millis(10));
+            let got = a.recv_or_park(&limits, quick, Duration::from_millis(10), None);
             assert!(matches!(got, Ok(None)), "round {round}: {got:?}");
             assert_eq!(
                 a.arena.atomic_u32(AGENT_SLEEP).load(Ordering::SeqCst),
@@ -954,7 +983,7 @@ mod tests {
         }
         // A parked side whose peer leaves sees it on the same socket.
         assert!(matches!(
-            a.recv_or_park(&limits, quick, Duration::ZERO),
+            a.recv_or_park(&limits, quick, Duration::ZERO, None),
             Ok(None)
         ));
         drop(c);
@@ -973,7 +1002,7 @@ mod tests {
             step_off: true,
         };
         assert!(matches!(
-            a.recv_or_park(&limits, quick, Duration::ZERO),
+            a.recv_or_park(&limits, quick, Duration::ZERO, None),
             Ok(None)
         ));
         c.wake_peer().unwrap();

@@ -11,7 +11,7 @@
 //!   48  data area length          u64
 //!   56  client region length      u64   data[0, client) is the client's; the rest the agent's
 //!   64  agent sleep word          u32   (futex; its own cache line)
-//!   68  agent spin CPU word       u32   (see below; same line: the agent writes both)
+//!   68  agent spin CPU word       u32   (see below; the agent's cache line)
 //!  128  client sleep word         u32   (futex; its own cache line)
 //!  132  client spin CPU word      u32
 //! request ring, response ring (each 128 + capacity × 64 B, page aligned)
