@@ -24,6 +24,15 @@ use wire::{decode_error_body, Header, Kind, Status, HEADER_LEN};
 const LIMIT: Duration = Duration::from_secs(120);
 static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// A fresh `shm://` name for this test process: `TAG-PID-N`.
+fn shm_name(tag: &str) -> String {
+    format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 /// Threads of process `pid` now (`/proc/PID/status`).
 fn threads(pid: i32) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
@@ -189,11 +198,7 @@ fn a_refused_client_is_told_why() {
             Ok(_) => panic!("a third connection was admitted over a limit of 2"),
         }
         // The same over shm (its control socket counts toward the uid).
-        let name = format!(
-            "limits-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
+        let name = shm_name("limits");
         shm_dir();
         let shm_agent = ServeProcess::spawn(&[
             "--listen",
@@ -233,11 +238,7 @@ fn read_until_closed(s: &mut UnixStream, limit: Duration) -> Duration {
 fn a_connection_that_never_says_hello_is_closed_at_the_deadline() {
     within(LIMIT, "handshake deadline", || {
         shm_dir();
-        let name = format!(
-            "hs-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
+        let name = shm_name("hs");
         let agent = ServeProcess::spawn(&[
             "--handshake-timeout-ms",
             "300",
@@ -346,11 +347,7 @@ fn over_tcp_one_source_address_is_one_peer() {
 fn thousands_of_idle_sessions_hold_no_thread_each() {
     within(LIMIT, "idle sessions", || {
         shm_dir();
-        let name = format!(
-            "idle-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
+        let name = shm_name("idle");
         let agent = ServeProcess::spawn(&[
             "--listen",
             &format!("shm://{name}"),
