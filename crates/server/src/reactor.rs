@@ -445,7 +445,16 @@ mod tests {
         let s = r.stats();
         assert_eq!(s.parked, 500);
         assert!(s.workers <= MIN_WORKERS + 1, "{s:?}");
-        // Every tenth speaks, twice: answered each time, and parked again.
+        // Every tenth speaks, twice: answered each time, and parked again
+        // in between (waited for, so the second byte cannot be read by the
+        // run that answered the first: each round costs a run of its own).
+        let parked_again = || {
+            let t = std::time::Instant::now();
+            while r.stats().parked < 500 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            r.stats().parked
+        };
         for round in 0..2u8 {
             for c in clients.iter_mut().step_by(10) {
                 c.write_all(&[round]).unwrap();
@@ -453,8 +462,9 @@ mod tests {
                 c.read_exact(&mut b).unwrap();
                 assert_eq!(b[0], round);
             }
+            assert_eq!(parked_again(), 500);
+            assert!(runs.load(Ordering::SeqCst) >= 50 * (round as usize + 1));
         }
-        assert!(runs.load(Ordering::SeqCst) >= 100);
         // Hang-ups end their tasks.
         clients.truncate(100);
         let t = std::time::Instant::now();
