@@ -26,6 +26,11 @@ use wire::{
     DESC_FIXED_LEN, MAX_DIMS,
 };
 
+/// The longest a client waits for anything (100 years): a longer timeout
+/// is taken as this, so a deadline computed from it cannot overflow the
+/// clock.
+pub const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How a client connects and waits.
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -263,8 +268,11 @@ impl Client {
         Client::connect_with(uri, ClientOptions::default())
     }
 
-    /// Connects to `uri` and exchanges the session hello.
-    pub fn connect_with(uri: &str, opts: ClientOptions) -> Result<Client, ClientError> {
+    /// Connects to `uri` and exchanges the session hello. Timeouts over
+    /// [`MAX_WAIT`] are taken as `MAX_WAIT`.
+    pub fn connect_with(uri: &str, mut opts: ClientOptions) -> Result<Client, ClientError> {
+        opts.timeout = opts.timeout.min(MAX_WAIT);
+        opts.connect_timeout = opts.connect_timeout.min(MAX_WAIT);
         let ep = Endpoint::parse(uri)?;
         let mut shm_limits = None;
         let link = match &ep {
@@ -488,7 +496,8 @@ impl Model {
     /// Runs the model on `inputs` (in signature order) and waits for the outputs.
     pub fn infer(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
         let sent = self.send_request(inputs, self.client.inner.opts.want_timeline)?;
-        self.client.inner.finish(sent)
+        let timeout = self.client.inner.opts.timeout;
+        self.client.inner.finish(sent, timeout)
     }
 
     /// Like [`infer`](Self::infer), asking for this request's timeline
@@ -497,7 +506,8 @@ impl Model {
     /// clock reads, client and agent together).
     pub fn infer_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
         let sent = self.send_request(inputs, true)?;
-        self.client.inner.finish(sent)
+        let timeout = self.client.inner.opts.timeout;
+        self.client.inner.finish(sent, timeout)
     }
 
     /// Sends a request without waiting; many may be in flight on one client.
@@ -627,14 +637,23 @@ impl Ticket {
         self.sent.id
     }
 
-    /// Waits for this request's response.
-    pub fn wait(mut self) -> Result<Response, ClientError> {
+    /// Waits for this request's response (at most the client's timeout).
+    pub fn wait(self) -> Result<Response, ClientError> {
+        let timeout = self.client.inner.opts.timeout;
+        self.wait_timeout(timeout)
+    }
+
+    /// Waits at most `timeout` (at most [`MAX_WAIT`]) for this request's
+    /// response. On [`ClientError::Timeout`] the request is given up like a
+    /// dropped ticket: its response is discarded when it comes.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<Response, ClientError> {
+        let timeout = timeout.min(MAX_WAIT);
         self.waited = true;
         let sent = Sent {
             pins: std::mem::take(&mut self.sent.pins),
             ..self.sent
         };
-        self.client.inner.finish(sent)
+        self.client.inner.finish(sent, timeout)
     }
 }
 
@@ -649,8 +668,8 @@ impl Drop for Ticket {
 
 impl Inner {
     /// Waits for the response to `sent`.
-    fn finish(&self, sent: Sent) -> Result<Response, ClientError> {
-        let frame = match self.wait_for(sent.id) {
+    fn finish(&self, sent: Sent, timeout: Duration) -> Result<Response, ClientError> {
+        let frame = match self.wait_for(sent.id, timeout) {
             Ok(f) => f,
             Err(e) => {
                 self.keep_pins(sent.id, sent.pins);
@@ -670,7 +689,7 @@ impl Inner {
     fn roundtrip(&self, mut h: Header, body: &[u8]) -> Result<Frame, ClientError> {
         h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.send(&h, body, &[])?;
-        self.wait_for(h.request_id)
+        self.wait_for(h.request_id, self.opts.timeout)
     }
 
     fn send(&self, h: &Header, desc: &[u8], tensors: &[&[u8]]) -> Result<(), ClientError> {
@@ -809,7 +828,7 @@ impl Inner {
         })
     }
 
-    fn wait_for(&self, id: u64) -> Result<Frame, ClientError> {
+    fn wait_for(&self, id: u64, timeout: Duration) -> Result<Frame, ClientError> {
         let s = match &self.link {
             Link::Inproc { replies, .. } => {
                 let r = lock(replies).remove(&id).ok_or_else(|| {
@@ -823,8 +842,7 @@ impl Inner {
                 });
             }
             Link::Shm(s) => {
-                let (header, desc) =
-                    s.wait_for(id, self.opts.timeout, self.opts.spin, &self.recv_limits)?;
+                let (header, desc) = s.wait_for(id, timeout, self.opts.spin, &self.recv_limits)?;
                 return Ok(Frame {
                     header,
                     desc,
@@ -834,7 +852,7 @@ impl Inner {
             }
             Link::Stream(s) => s,
         };
-        let deadline = Instant::now() + self.opts.timeout;
+        let deadline = Instant::now() + timeout;
         let mut sh = lock(&s.shared);
         loop {
             if let Some(f) = sh.completed.remove(&id) {
@@ -847,7 +865,7 @@ impl Inner {
             if now >= deadline {
                 // Its answer may still come: drop it then (control calls too).
                 sh.abandoned.insert(id);
-                return Err(ClientError::Timeout(self.opts.timeout));
+                return Err(ClientError::Timeout(timeout));
             }
             if sh.reading {
                 sh.waiting += 1;
@@ -860,7 +878,18 @@ impl Inner {
             }
             sh.reading = true;
             drop(sh);
-            let r = self.read_frame(s);
+            // A deadline shorter than the socket's read timeout is waited
+            // for here, between messages: a read would outlast it.
+            let short = timeout < self.opts.timeout;
+            let ready = !short
+                || lock(&s.reader)
+                    .wait_readable(deadline - now)
+                    .unwrap_or(true);
+            let r = if ready {
+                self.read_frame(s)
+            } else {
+                Err(RecvError::TimedOut)
+            };
             sh = lock(&s.shared);
             sh.reading = false;
             match r {

@@ -46,7 +46,9 @@ mod ids;
 mod shm;
 mod tensor;
 
-pub use conn::{Client, ClientOptions, CopyStats, Model, ModelInfo, Response, ShmInfo, Ticket};
+pub use conn::{
+    Client, ClientOptions, CopyStats, Model, ModelInfo, Response, ShmInfo, Ticket, MAX_WAIT,
+};
 pub use error::ClientError;
 pub use tensor::{Element, Tensor, TensorBuf, TensorRef};
 pub use wire::{DType, Limits, ModelSignature, Stage, TensorSpec, Timeline};

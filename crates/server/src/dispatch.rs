@@ -187,11 +187,12 @@ impl AgentCore {
         self.closing.load(Ordering::Acquire)
     }
 
-    /// Refuses new requests from now on, then waits up to `grace` for those
-    /// in flight to finish. Returns how many were still running at the end.
+    /// Refuses new requests from now on, then waits up to `grace` (at most
+    /// 100 years, so the deadline cannot overflow the clock) for those in
+    /// flight to finish. Returns how many were still running at the end.
     pub fn close_and_drain(&self, grace: Duration) -> usize {
         self.closing.store(true, Ordering::Release);
-        let deadline = Instant::now() + grace;
+        let deadline = Instant::now() + grace.min(Duration::from_secs(100 * 365 * 24 * 3600));
         let mut g = self.drain_lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let n = self.in_flight.load(Ordering::Acquire);

@@ -291,6 +291,31 @@ impl StreamConn {
         send_message(self.sock.fd(), header, desc, tensors, None)
     }
 
+    /// Waits at most `timeout` for something to read (bytes, or the end of
+    /// the stream): `true` if there is, `false` if the time ran out. For a
+    /// caller whose deadline comes before the socket's read timeout: it
+    /// waits here, between messages, instead of in a read that would
+    /// outlast its deadline (a read timing out mid-message ends the
+    /// connection; one that times out here ends nothing).
+    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        if self.has_buffered() {
+            return Ok(true);
+        }
+        let fd = self.sock.fd();
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
+        match poll(&mut fds, Some(&ts)) {
+            Ok(0) => Ok(false),
+            Ok(_) => Ok(true),
+            // A signal: report "not yet"; the caller checks its deadline.
+            Err(Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// True when bytes of a next message are already buffered (no syscall).
     pub fn has_buffered(&self) -> bool {
         self.end > self.start
