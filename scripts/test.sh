@@ -15,5 +15,5 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked 2>&1 | tee target/test-output.txt
-echo "== pytest models"
-.venv/bin/python -m pytest -q models
+echo "== pytest models, python/tests (the tensorwire package), examples"
+.venv/bin/python -m pytest -q models python/tests examples

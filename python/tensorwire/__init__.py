@@ -1,0 +1,456 @@
+"""tensorwire: call models that live in a shared agent, from Python.
+
+    import numpy as np, tensorwire as tw
+
+    c = tw.connect("shm://demo")                 # shm://, unix://, tcp://, inproc://
+    m = c.model("digits")
+    out = m.infer({"x": np.zeros((1, 64), np.float32)})    # dict name -> ndarray
+    fut = m.submit({"x": x}); out = fut.result(timeout=1.0)  # many in flight
+    out = await m.infer_async({"x": x})                      # asyncio
+    buf = c.empty((1, 64), np.float32)           # over shm: lives in the arena
+    buf[:] = x; out = m.infer({"x": buf})        # sent where it lies: no copy
+
+Over ``shm://`` outputs are read-only arrays that view the session's arena
+without a copy; their memory stays theirs until the last array (or view) of
+it is garbage-collected, or ``out.release()`` frees it at once. Elsewhere
+they are ordinary read-only arrays over the response buffer.
+
+Every failure raises a subclass of :class:`TensorwireError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import threading
+import weakref
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._native import (
+    AgentError,
+    ConnectError,
+    Disconnected,
+    EngineError,
+    ForkedError,
+    InvalidInput,
+    LimitExceeded,
+    Overloaded,
+    ProtocolError,
+    ReleasedError,
+    ShuttingDown,
+    Timeout,
+    TensorwireError,
+    UnknownModel,
+)
+
+__all__ = [
+    "connect",
+    "Client",
+    "Model",
+    "ModelInfo",
+    "TensorInfo",
+    "Future",
+    "Outputs",
+    "Agent",
+    "TensorwireError",
+    "ConnectError",
+    "UnknownModel",
+    "InvalidInput",
+    "LimitExceeded",
+    "Overloaded",
+    "Timeout",
+    "Disconnected",
+    "ShuttingDown",
+    "EngineError",
+    "ProtocolError",
+    "ReleasedError",
+    "ForkedError",
+    "AgentError",
+    "CancelledError",
+]
+
+try:  # NumPy has no bfloat16; ml_dtypes (if installed) provides one.
+    import ml_dtypes as _ml_dtypes
+
+    _BF16: Optional[np.dtype] = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    _BF16 = None
+
+
+def _np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a wire dtype name (bfloat16: ml_dtypes' or uint16)."""
+    if name == "bfloat16":
+        return _BF16 if _BF16 is not None else np.dtype(np.uint16)
+    return np.dtype(name)
+
+
+def _wire_name(dt: np.dtype) -> Optional[str]:
+    """The wire dtype name of a NumPy dtype, or None if the wire lacks it."""
+    if _BF16 is not None and dt == _BF16:
+        return "bfloat16"
+    name = dt.name
+    if name in _WIRE_NAMES and dt.byteorder in "=|<":
+        return name
+    return None
+
+
+_WIRE_NAMES = frozenset(_native.DTYPES) - {"bfloat16"}
+
+
+
+
+class TensorInfo(NamedTuple):
+    """One input or output of a model: name, dtype, dims (None = any size)."""
+
+    name: str
+    dtype: np.dtype
+    shape: Tuple[Optional[int], ...]
+
+
+class ModelInfo(NamedTuple):
+    """A model's name and signature."""
+
+    name: str
+    inputs: List[TensorInfo]
+    outputs: List[TensorInfo]
+
+
+def _infos(specs: Iterable[Tuple[str, str, List[Optional[int]]]]) -> List[TensorInfo]:
+    return [TensorInfo(n, _np_dtype(d), tuple(s)) for n, d, s in specs]
+
+
+class Outputs(Dict[str, np.ndarray]):
+    """The outputs of one request: a dict of output name -> read-only ndarray.
+
+    ``release()`` frees the outputs' memory now instead of when the dict is
+    garbage-collected (over shm: gives the agent its arena blocks back).
+    Memory an array still reads is never freed: outputs whose arrays (or
+    views of them) are referenced elsewhere stay valid, and are freed when
+    those go. After ``release()``, reading an output from this dict raises
+    :class:`ReleasedError`.
+    """
+
+    _released = False  # set on the instance by release()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if self._released:
+            raise ReleasedError(f"output {name!r} was released (out.release())")
+        return dict.__getitem__(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        if self._released:
+            raise ReleasedError(f"output {name!r} was released (out.release())")
+        return dict.get(self, name, default)
+
+    @property
+    def released(self) -> bool:
+        """Whether release() was called."""
+        return self._released
+
+    def release(self) -> List[str]:
+        """Drops this dict's outputs, freeing those no other array refers
+        to; returns the names of those still referenced elsewhere (freed
+        when their arrays go)."""
+        if self._released:
+            return []
+        # Each output's memory belongs to the array's base (a Block), which
+        # lives exactly as long as some array or view refers to it: drop
+        # ours, then see through weak references which ones live on.
+        bases = []
+        for name in list(dict.keys(self)):
+            arr = dict.pop(self, name)
+            bases.append((name, weakref.ref(arr.base)))
+            del arr
+        self._released = True
+        return [name for name, base in bases if base() is not None]
+
+
+class CancelledError(TensorwireError):
+    """The request was cancelled (:meth:`Future.cancel`)."""
+
+
+class Future:
+    """A request in flight (:meth:`Model.submit`); wait with :meth:`result`.
+    Any thread may wait; every waiter gets the same outputs (or error).
+
+    Unlike ``concurrent.futures.Future``, a request whose wait times out is
+    given up (its response is discarded when it comes): :meth:`result` then
+    raises :class:`Timeout`, now and on every later call.
+    """
+
+    __slots__ = ("_pending", "_lock", "_outputs", "_error")
+
+    def __init__(self, pending: "_native.Pending") -> None:
+        self._pending = pending
+        self._lock = threading.Lock()
+        self._outputs: Optional[Outputs] = None
+        self._error: Optional[BaseException] = None
+
+    @property
+    def id(self) -> int:
+        """The request id."""
+        return self._pending.id
+
+    def done(self) -> bool:
+        """Whether the outcome (outputs, error or cancellation) is known."""
+        return self._outputs is not None or self._error is not None
+
+    def result(self, timeout: Optional[float] = None) -> Outputs:
+        """Waits at most ``timeout`` seconds (default: the client's) and
+        returns the outputs, or raises the request's error."""
+        with self._lock:
+            if self._outputs is None and self._error is None:
+                try:
+                    self._outputs = self._pending.wait(timeout)
+                except TensorwireError as e:
+                    self._error = e
+            if self._error is not None:
+                raise self._error
+            assert self._outputs is not None
+            return self._outputs
+
+    def cancel(self) -> bool:
+        """Gives the request up (its response is discarded when it comes);
+        :meth:`result` raises :class:`CancelledError` from now on. Returns
+        False if the outcome was already known."""
+        with self._lock:
+            if self.done():
+                return False
+            self._pending.cancel()
+            self._error = CancelledError(f"request {self.id} was cancelled")
+            return True
+
+
+Inputs = Union[Mapping[str, Any], Sequence[Any]]
+
+
+class Model:
+    """A model on a client (:meth:`Client.model`): call it with a dict of
+    input name -> array (or a sequence in signature order)."""
+
+    __slots__ = ("_m", "name", "inputs", "outputs")
+
+    def __init__(self, native: "_native.Model") -> None:
+        self._m = native
+        self.name: str = native.name
+        self.inputs: List[TensorInfo] = _infos(native.inputs)
+        self.outputs: List[TensorInfo] = _infos(native.outputs)
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, inputs={self.inputs}, outputs={self.outputs})"
+
+    def infer(self, inputs: Inputs, timeout: Optional[float] = None) -> Outputs:
+        """Runs the model and waits at most ``timeout`` seconds (default: the
+        client's) for its outputs: a dict of output name -> read-only ndarray.
+
+        ``inputs``: a dict of input name -> array (or a sequence in the
+        signature's order). Each must have the signature's dtype and shape
+        (:class:`InvalidInput` names the one that does not, before anything
+        is sent); arrays that are not C-contiguous are copied once
+        (``copy_stats()["contiguous_copies"]``)."""
+        return self._m.infer(inputs, timeout)
+
+    def submit(self, inputs: Inputs) -> Future:
+        """Sends a request without waiting; many may be in flight at once.
+        The inputs are sent (or copied into the arena) before it returns, so
+        they may be reused at once — except :meth:`Client.empty` buffers,
+        which are read in place until the response has come."""
+        return Future(self._m.submit(inputs))
+
+    async def infer_async(self, inputs: Inputs, timeout: Optional[float] = None) -> Outputs:
+        """:meth:`infer` for asyncio: sends at once, then waits in the loop's
+        default executor, so the event loop goes on meanwhile."""
+        fut = self.submit(inputs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, fut.result, timeout)
+
+
+class Client:
+    """A connection to an agent; see :func:`connect`. Thread-safe: many
+    threads may share one client and call its models at once."""
+
+    __slots__ = ("_c", "__weakref__")
+
+    def __init__(
+        self,
+        uri: str,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        spin_us: Optional[int] = None,
+    ) -> None:
+        self._c = _native.Client(uri, timeout, connect_timeout, spin_us)
+
+    def __repr__(self) -> str:
+        return f"Client({self.uri!r})"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def uri(self) -> str:
+        """The endpoint."""
+        return self._c.uri
+
+    @property
+    def transport(self) -> str:
+        """``shm``, ``unix``, ``tcp`` or ``inproc``."""
+        return self._c.transport
+
+    def models(self) -> List[ModelInfo]:
+        """The models the agent serves, with their signatures."""
+        return [ModelInfo(n, _infos(i), _infos(o)) for n, i, o in self._c.models()]
+
+    def model(self, name: str) -> Model:
+        """A handle on the model called ``name`` (:class:`UnknownModel` if
+        the agent serves none)."""
+        return Model(self._c.model(name))
+
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
+        """A writable array to fill and send. Over shm it lives in the
+        session's arena, so sending it copies nothing; elsewhere it is
+        ordinary memory. Its contents are unspecified: overwrite them. Do not
+        write to it while a request that reads it is in flight."""
+        dt = np.dtype(dtype)
+        wire = _wire_name(dt)
+        if wire is None:
+            raise InvalidInput(f"tensorwire does not carry {dt}")
+        try:
+            dims = [operator.index(shape)] if not isinstance(shape, Sequence) else [operator.index(d) for d in shape]
+        except TypeError:
+            raise InvalidInput(f"a shape is a sequence of integers, not {shape!r}") from None
+        if any(d < 0 or d >= 1 << 63 for d in dims):
+            raise InvalidInput(f"dimension out of range in {tuple(dims)}")
+        return self._c.empty(wire, dims)
+
+    def copy_stats(self) -> Dict[str, int]:
+        """Tensor bytes copied so far: by the Rust client (into the arena,
+        out of a socket's staging buffer) and by this package (inputs that
+        were not C-contiguous, ``contiguous_copies`` / ``contiguous_bytes``)."""
+        return dict(self._c.copy_stats())
+
+    def shm_info(self) -> Optional[Dict[str, int]]:
+        """Over shm: the arena's regions and free bytes; None elsewhere."""
+        return self._c.shm_info()
+
+    def ping(self) -> float:
+        """One Ping/Pong round trip with the agent; its seconds."""
+        return self._c.ping()
+
+    def close(self) -> None:
+        """Closes the connection once nothing made from it (models, pending
+        requests, outputs) is left; calls raise :class:`Disconnected` after."""
+        self._c.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._c.closed
+
+
+def connect(
+    uri: str,
+    timeout: float = 30.0,
+    connect_timeout: float = 5.0,
+    spin_us: Optional[int] = None,
+) -> Client:
+    """Connects to a tensorwire agent.
+
+    ``uri``: ``shm://name`` (shared memory: the fastest, zero-copy with
+    :meth:`Client.empty`), ``unix:///path/to.sock``, ``tcp://host:port``, or
+    ``inproc://name`` (an :class:`Agent` in this process).
+    ``timeout``: seconds a call waits for its response (:class:`Timeout`).
+    ``connect_timeout``: seconds connecting may take.
+    ``spin_us``: microseconds a waiting call polls before it sleeps.
+
+    Raises :class:`ConnectError` when the agent cannot be reached.
+    """
+    return Client(uri, timeout, connect_timeout, spin_us)
+
+
+def _find_onnxruntime() -> None:
+    """Points the engine at the onnxruntime wheel's library when the caller
+    did not (ORT_DYLIB_PATH) and the wheel is importable."""
+    import glob
+    import os
+
+    if os.environ.get("ORT_DYLIB_PATH"):
+        return
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("onnxruntime")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for root in spec.submodule_search_locations:
+        libs = sorted(glob.glob(os.path.join(root, "capi", "libonnxruntime.so*")))
+        if libs:
+            os.environ["ORT_DYLIB_PATH"] = libs[0]
+            return
+
+
+class Agent:
+    """A tensorwire agent inside this Python process: the one
+    ``tensorwire serve`` runs, with the same models and endpoints.
+
+        agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+                         listen=["shm://demo", "unix:///tmp/tw.sock"])
+
+    ``models``: name -> ONNX file (``identity`` is always served).
+    ``listen``: endpoints, ``inproc://name`` included (for clients in this
+    process). ``config``: a TOML file as for ``tensorwire serve --config``.
+    Stops with :meth:`stop`, at the end of a ``with`` block, or when
+    garbage-collected.
+    """
+
+    __slots__ = ("_a",)
+
+    def __init__(
+        self,
+        models: Optional[Mapping[str, str]] = None,
+        listen: Sequence[str] = (),
+        config: Optional[str] = None,
+        intra_threads: Optional[int] = None,
+        inter_threads: Optional[int] = None,
+    ) -> None:
+        if isinstance(listen, str):
+            listen = [listen]
+        if models:
+            _find_onnxruntime()
+        pairs = [(str(k), str(v)) for k, v in (models or {}).items()]
+        self._a = _native.Agent(pairs, list(listen), config, intra_threads, inter_threads)
+
+    def __repr__(self) -> str:
+        return f"Agent({self.endpoints})"
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def endpoints(self) -> List[str]:
+        """The endpoints listened on (``tcp://…:0`` resolved to its port)."""
+        return self._a.endpoints
+
+    @property
+    def running(self) -> bool:
+        """Whether the agent still serves."""
+        return self._a.running
+
+    def stats(self) -> Dict[str, int]:
+        """Counters: responses, errors, connections, in flight, shm sessions."""
+        return dict(self._a.stats())
+
+    def stop(self, grace: float = 5.0) -> int:
+        """Refuses new requests, gives those in flight up to ``grace``
+        seconds, closes every session; returns how many were unfinished."""
+        return self._a.stop(grace)
