@@ -83,50 +83,10 @@ fn programs() -> Option<&'static CPrograms> {
 /// tensorwire-capi` (a no-op when up to date) and returns the directory
 /// holding it.
 fn build_library() -> Result<PathBuf, String> {
-    // Tests run from <target>/<profile>/deps/<test>-<hash>.
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| format!("unexpected test executable path {}", exe.display()))?;
-    let target_dir = profile_dir
-        .parent()
-        .ok_or_else(|| format!("no target directory above {}", profile_dir.display()))?;
-    let profile = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("debug");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "tensorwire-capi", "--lib"])
-        .arg("--manifest-path")
-        .arg(repo_root().join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", target_dir)
-        .stdin(Stdio::null());
-    match profile {
-        "debug" => {}
-        "release" => {
-            cmd.arg("--release");
-        }
-        other => {
-            cmd.args(["--profile", other]);
-        }
-    }
-    let r = run_bounded(
-        cmd,
-        Duration::from_secs(600),
-        "cargo build -p tensorwire-capi",
-    )?;
-    if !r.status.success() {
-        return Err(format!(
-            "`cargo build -p tensorwire-capi` failed: {}\n{}",
-            r.status,
-            String::from_utf8_lossy(&r.stderr)
-        ));
-    }
-    let lib = profile_dir.join("libtensorwire.so");
+    let dir = common::cargo_build(&["-p", "tensorwire-capi", "--lib"])?;
+    let lib = dir.join("libtensorwire.so");
     if lib.is_file() {
-        Ok(profile_dir.to_path_buf())
+        Ok(dir)
     } else {
         Err(format!("built, but {} does not exist", lib.display()))
     }

@@ -703,6 +703,18 @@ pub fn tensorwire_bin() -> PathBuf {
 }
 
 fn build_bin() -> Result<PathBuf, String> {
+    let bin = cargo_build(&["-p", "tensorwire-cli", "--bin", "tensorwire"])?.join("tensorwire");
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!("built, but {} does not exist", bin.display()))
+    }
+}
+
+/// Runs `cargo build <what>` for this test's target directory and profile
+/// (a no-op when up to date; at most 10 minutes) and returns the profile's
+/// output directory (`<target>/<profile>`).
+pub fn cargo_build(what: &[&str]) -> Result<PathBuf, String> {
     // Tests run from <target>/<profile>/deps/<test>-<hash>.
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let profile_dir = exe
@@ -718,18 +730,12 @@ fn build_bin() -> Result<PathBuf, String> {
         .unwrap_or("debug");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args([
-        "build",
-        "--quiet",
-        "-p",
-        "tensorwire-cli",
-        "--bin",
-        "tensorwire",
-    ])
-    .arg("--manifest-path")
-    .arg(repo_root().join("Cargo.toml"))
-    .env("CARGO_TARGET_DIR", target_dir)
-    .stdin(Stdio::null());
+    cmd.args(["build", "--quiet"])
+        .args(what)
+        .arg("--manifest-path")
+        .arg(repo_root().join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_dir)
+        .stdin(Stdio::null());
     match profile {
         "debug" => {}
         "release" => {
@@ -739,9 +745,10 @@ fn build_bin() -> Result<PathBuf, String> {
             cmd.args(["--profile", other]);
         }
     }
+    let what = format!("cargo build {}", what.join(" "));
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("cannot run cargo to build the tensorwire binary: {e}"))?;
+        .map_err(|e| format!("cannot run `{what}`: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let status = loop {
         match child.try_wait() {
@@ -750,20 +757,15 @@ fn build_bin() -> Result<PathBuf, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err("building the tensorwire binary took over 10 minutes".into());
+                return Err(format!("`{what}` took over 10 minutes"));
             }
             Err(e) => return Err(format!("waiting for cargo: {e}")),
         }
     };
     if !status.success() {
-        return Err(format!("`cargo build -p tensorwire-cli` failed: {status}"));
+        return Err(format!("`{what}` failed: {status}"));
     }
-    let bin = profile_dir.join("tensorwire");
-    if bin.is_file() {
-        Ok(bin)
-    } else {
-        Err(format!("built, but {} does not exist", bin.display()))
-    }
+    Ok(profile_dir.to_path_buf())
 }
 
 /// Runs the binary with `args` to completion (bounded by `limit`);
