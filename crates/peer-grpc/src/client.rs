@@ -162,6 +162,7 @@ impl Client {
                     .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
                     .collect(),
                 parameters: HashMap::new(),
+                contents: None,
             })
             .collect();
         Request {
@@ -171,6 +172,7 @@ impl Client {
                 id: String::new(),
                 parameters: HashMap::new(),
                 inputs: tensors,
+                outputs: Vec::new(),
                 raw_input_contents: inputs
                     .iter()
                     .map(|t| Bytes::copy_from_slice(t.data))

@@ -17,10 +17,11 @@
 //! and `tcp://HOST:PORT` (port 0 picks a free one; `?nodelay=0` turns
 //! Nagle's algorithm back on at both ends). Other schemes are refused.
 //!
-//! The protocol messages are generated at build time from
-//! `proto/grpc_service.proto` (a trimmed copy of the official KServe v2 file
-//! with the same names and field numbers) by `protox` and
-//! `tonic-prost-build`: no `protoc` binary is needed.
+//! The protocol messages are the agent's front door's
+//! ([`frontend::proto`], generated from the official KServe v2 file with
+//! the same names and field numbers): one copy of the proto. This peer
+//! implements `ServerLive`, `ModelMetadata` and `ModelInfer` (raw contents
+//! only); the other RPCs answer UNIMPLEMENTED.
 
 mod client;
 mod server;
@@ -33,12 +34,11 @@ pub use server::Server;
 pub use tonic::Code;
 pub use wire::DType;
 
-/// The KServe v2 protocol types and the tonic service and client, generated
-/// from `proto/grpc_service.proto` (protobuf package `inference`).
-pub mod proto {
-    #![allow(missing_docs, clippy::all, clippy::pedantic)]
-    tonic::include_proto!("inference");
-}
+/// The KServe v2 protocol types and the tonic service and client (the
+/// front door's, protobuf package `inference`).
+pub use frontend::proto;
+/// KServe v2 datatype names, shared with the front door.
+pub use frontend::{dtype_from_kserve, kserve_datatype};
 
 /// The largest message either side accepts or sends: 2 GiB - 1, protobuf's
 /// own limit (tonic's default of 4 MiB would turn large tensors away; Triton
@@ -113,34 +113,6 @@ impl From<tonic::Status> for PeerError {
             message: s.message().to_string(),
         }
     }
-}
-
-/// The KServe v2 datatype string of a tensorwire dtype (`FP32`, `INT64`,
-/// `BOOL`, ...).
-pub fn kserve_datatype(dtype: DType) -> &'static str {
-    match dtype {
-        DType::Bool => "BOOL",
-        DType::U8 => "UINT8",
-        DType::U16 => "UINT16",
-        DType::U32 => "UINT32",
-        DType::U64 => "UINT64",
-        DType::I8 => "INT8",
-        DType::I16 => "INT16",
-        DType::I32 => "INT32",
-        DType::I64 => "INT64",
-        DType::F16 => "FP16",
-        DType::F32 => "FP32",
-        DType::F64 => "FP64",
-        DType::BF16 => "BF16",
-    }
-}
-
-/// The tensorwire dtype of a KServe v2 datatype string; `None` for one
-/// tensorwire cannot carry (`BYTES`) or an unknown one.
-pub fn dtype_from_kserve(datatype: &str) -> Option<DType> {
-    DType::ALL
-        .into_iter()
-        .find(|d| kserve_datatype(*d) == datatype)
 }
 
 /// Parses a tensorwire URI into what this peer can use, or says why not.

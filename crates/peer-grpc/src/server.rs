@@ -331,6 +331,7 @@ impl GrpcInferenceService for Inference {
                     })
                     .collect::<Result<_, _>>()?,
                 parameters: HashMap::new(),
+                contents: None,
             });
             raw.push(bytes);
         }

@@ -13,7 +13,9 @@ pub struct Args {
     /// A model to serve, as NAME=PATH.onnx (repeatable).
     #[arg(long = "model", value_name = "NAME=PATH")]
     models: Vec<String>,
-    /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0] (repeatable).
+    /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0],
+    /// shm://name, or grpc://host:port for the KServe v2 gRPC front door
+    /// (repeatable).
     #[arg(long = "listen", value_name = "URI")]
     listen: Vec<String>,
     /// A TOML config file with the same settings.
@@ -65,8 +67,16 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         Some(p) => AgentConfig::from_file(p)?,
         None => AgentConfig::default(),
     };
+    // gRPC front doors run beside the agent over its core; the agent's own
+    // listeners speak the tensorwire protocol.
+    let mut grpc_listen = Vec::new();
     for l in &a.listen {
-        cfg.listen.push(parse_endpoint(l)?);
+        if l.starts_with(frontend::GRPC_SCHEME) {
+            frontend::parse_grpc_uri(l).map_err(|e| e.to_string())?;
+            grpc_listen.push(l.clone());
+        } else {
+            cfg.listen.push(parse_endpoint(l)?);
+        }
     }
     for m in &a.models {
         cfg.models.push(ModelConfig::parse_flag(m)?);
@@ -101,7 +111,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     if let Some(n) = a.shm_spin_us {
         cfg.shm_spin_us = n;
     }
-    if cfg.listen.is_empty() {
+    if cfg.listen.is_empty() && grpc_listen.is_empty() {
         return Err(
             "nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into(),
         );
@@ -120,9 +130,23 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             describe(s)
         );
     }
+    let mut frontends = Vec::with_capacity(grpc_listen.len());
+    for l in &grpc_listen {
+        match frontend::GrpcFrontend::start(l, agent.core().clone()) {
+            Ok(f) => frontends.push(f),
+            Err(e) => {
+                drop(frontends);
+                agent.shutdown(Duration::ZERO);
+                return Err(e.to_string().into());
+            }
+        }
+    }
     for ep in agent.endpoints() {
         // One line per endpoint on stdout, so scripts can wait for readiness.
         println!("listening on {ep}");
+    }
+    for f in &frontends {
+        println!("listening on {}", f.uri());
     }
     use std::io::Write;
     std::io::stdout().flush()?;
@@ -134,7 +158,17 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         a.grace
     );
     let st = agent.stats();
+    // The front doors say not-ready first; the agent then refuses new
+    // requests (gRPC callers get UNAVAILABLE) and drains those in flight,
+    // gRPC ones included; the front doors then send their last responses
+    // and close.
+    for f in &frontends {
+        f.set_not_ready();
+    }
     let unfinished = agent.shutdown(Duration::from_secs(a.grace));
+    for f in frontends {
+        f.shutdown();
+    }
     if unfinished > 0 {
         eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
     }

@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // handing an input to the response) shares the buffer, no copy.
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
+        // Services that implement only some RPCs (the bench peer) answer
+        // the others UNIMPLEMENTED.
+        .generate_default_stubs(true)
         .compile_fds(fds)?;
     Ok(())
 }

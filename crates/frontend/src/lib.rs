@@ -1,0 +1,46 @@
+//! The agent's standard front doors: protocols other people's clients
+//! already speak, served over the same [`server::dispatch::AgentCore`] as
+//! tensorwire's own wire protocol.
+//!
+//! Today that is the KServe v2 ("Open Inference Protocol") gRPC service,
+//! the one Triton serves, so `tritonclient.grpc` and any other stock KServe
+//! v2 client work unmodified against `tensorwire serve --listen
+//! grpc://HOST:PORT`. A gRPC call is not a second engine: [`GrpcFrontend`]
+//! turns each `ModelInfer` into a tensorwire request (header + descriptor
+//! section over the request's own tensor bytes) and runs it through
+//! `AgentCore::prepare` and `AgentCore::execute`, so it meets the same
+//! registry, limits, payload budget, per-model FIFO queue, counters and
+//! shutdown as a request that came over `unix://` or `shm://`.
+//!
+//! Modules: [`proto`] (the messages and the tonic service and client,
+//! generated at build time from `proto/grpc_service.proto` by `protox` and
+//! `tonic-prost-build`, no `protoc` needed; the bench peer in
+//! `crates/peer-grpc` uses these same types), [`datatype`] (KServe datatype
+//! names), `inputs` (a request's tensors checked and gathered),
+//! `service` (the `GRPCInferenceService` over the core) and `server` (the
+//! listener and its tokio runtime).
+
+pub mod datatype;
+mod inputs;
+mod server;
+mod service;
+
+pub use datatype::{dtype_from_kserve, kserve_datatype};
+pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
+pub use service::KServeService;
+
+/// The KServe v2 protocol types and the tonic service and client, generated
+/// from `proto/grpc_service.proto` (protobuf package `inference`).
+pub mod proto {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("inference");
+}
+
+/// The largest gRPC message the front door could ever accept or send:
+/// 2 GiB - 1, protobuf's own limit. The limit actually applied to requests
+/// is the agent's `max_payload` plus room for the message's other fields
+/// ([`GrpcFrontend::start`]).
+pub const MAX_MESSAGE_BYTES: usize = i32::MAX as usize;
+
+/// The URI scheme of the gRPC front door.
+pub const GRPC_SCHEME: &str = "grpc://";

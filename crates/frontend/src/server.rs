@@ -1,0 +1,207 @@
+//! [`GrpcFrontend`]: the KServe v2 gRPC listener on `grpc://HOST:PORT`,
+//! with its own tokio runtime, serving [`KServeService`] over an agent
+//! core until stopped.
+
+use crate::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
+use crate::service::{KServeService, Shared};
+use crate::{GRPC_SCHEME, MAX_MESSAGE_BYTES};
+use server::dispatch::AgentCore;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// How long [`GrpcFrontend::shutdown`] lets calls in flight finish.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// How long [`GrpcFrontend::shutdown`] then lets connections close cleanly
+/// (last responses sent, GOAWAY exchanged) before dropping them.
+const LINGER: Duration = Duration::from_millis(100);
+
+/// Room for a request's fields other than tensor bytes (names, shapes,
+/// parameters, protobuf framing) on top of the agent's `max_payload`.
+const MESSAGE_OVERHEAD: u64 = 1 << 20;
+
+/// Why the front door could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    /// The URI is not `grpc://HOST:PORT`.
+    #[error("bad gRPC address '{uri}': {reason}")]
+    BadAddress {
+        /// The URI as given.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The address could not be bound.
+    #[error("cannot listen on {uri}: {source}")]
+    Listen {
+        /// The address.
+        uri: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The tokio runtime could not be started.
+    #[error("cannot start the tokio runtime: {0}")]
+    Runtime(io::Error),
+}
+
+/// The `HOST:PORT` of a `grpc://HOST:PORT` URI (port 0 picks a free one).
+pub fn parse_grpc_uri(uri: &str) -> Result<&str, FrontendError> {
+    let bad = |reason: &str| FrontendError::BadAddress {
+        uri: uri.to_string(),
+        reason: reason.to_string(),
+    };
+    let addr = uri
+        .strip_prefix(GRPC_SCHEME)
+        .ok_or_else(|| bad("the gRPC front door listens on grpc://HOST:PORT"))?;
+    if addr.contains(['/', '?']) {
+        return Err(bad("expected grpc://HOST:PORT, with no path or options"));
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr),
+        _ => Err(bad("missing or bad port (grpc://HOST:PORT)")),
+    }
+}
+
+/// A running gRPC front door.
+///
+/// Dropping it without [`shutdown`](GrpcFrontend::shutdown) stops it the
+/// same way. Either must happen outside any tokio runtime.
+pub struct GrpcFrontend {
+    uri: String,
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl std::fmt::Debug for GrpcFrontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcFrontend")
+            .field("uri", &self.uri)
+            .finish()
+    }
+}
+
+impl GrpcFrontend {
+    /// Starts serving `core` on `listen` (`grpc://HOST:PORT`). Returns once
+    /// the socket is listening. Requests larger than the core's
+    /// `max_payload` (plus 1 MiB for the message's other fields) are
+    /// refused by tonic with RESOURCE_EXHAUSTED before they are decoded.
+    pub fn start(listen: &str, core: Arc<AgentCore>) -> Result<GrpcFrontend, FrontendError> {
+        let addr = parse_grpc_uri(listen)?;
+        let max_message = usize::try_from(core.limits.max_payload.saturating_add(MESSAGE_OVERHEAD))
+            .unwrap_or(MAX_MESSAGE_BYTES)
+            .min(MAX_MESSAGE_BYTES);
+        let shared = Arc::new(Shared::default());
+        let service =
+            GrpcInferenceServiceServer::new(KServeService::with_shared(core, shared.clone()))
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("tw-grpc-frontend")
+            .build()
+            .map_err(FrontendError::Runtime)?;
+        let listen_err = |source: io::Error| FrontendError::Listen {
+            uri: listen.to_string(),
+            source,
+        };
+        let listener = std::net::TcpListener::bind(addr).map_err(listen_err)?;
+        let local = listener.local_addr().map_err(listen_err)?;
+        listener.set_nonblocking(true).map_err(listen_err)?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = {
+            // Registering the socket needs the runtime's reactor.
+            let _guard = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener).map_err(listen_err)?;
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let router = tonic::transport::Server::builder().add_service(service);
+            runtime.spawn(router.serve_with_incoming_shutdown(incoming, async move {
+                // A dropped sender stops the server too.
+                let _ = stopped.await;
+            }))
+        };
+        Ok(GrpcFrontend {
+            uri: format!("{GRPC_SCHEME}{local}"),
+            shared,
+            runtime: Some(runtime),
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The URI it listens on, with the port it was given for port 0.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// From now on `ServerReady` answers false (call it when shutdown
+    /// begins, before the agent drains).
+    pub fn set_not_ready(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+    }
+
+    /// Stops serving: `ServerReady` false, tonic's graceful shutdown (no new
+    /// connections, GOAWAY on open ones); calls in flight get up to 5 s to
+    /// finish and 100 ms more to send their responses, then remaining
+    /// connections are dropped and the runtime is joined.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.set_not_ready();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(runtime) = self.runtime.take() {
+            if let Some(mut task) = self.task.take() {
+                let shared = &self.shared;
+                runtime.block_on(async {
+                    let deadline = tokio::time::Instant::now() + GRACE;
+                    while !task.is_finished()
+                        && shared.in_flight.load(Ordering::Acquire) > 0
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    let _ = tokio::time::timeout(LINGER, &mut task).await;
+                });
+            }
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+impl Drop for GrpcFrontend {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris() {
+        assert_eq!(
+            parse_grpc_uri("grpc://127.0.0.1:0").expect("ok"),
+            "127.0.0.1:0"
+        );
+        assert!(parse_grpc_uri("grpc://[::1]:8001").is_ok());
+        for bad in [
+            "tcp://127.0.0.1:1",
+            "grpc://127.0.0.1",
+            "grpc://:1",
+            "grpc://h:99999",
+            "grpc://h:1/x",
+        ] {
+            assert!(parse_grpc_uri(bad).is_err(), "{bad}");
+        }
+    }
+}

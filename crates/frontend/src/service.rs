@@ -1,0 +1,445 @@
+//! [`KServeService`]: `GRPCInferenceService` over the agent's
+//! [`AgentCore`].
+//!
+//! `ModelInfer` checks the request from the wire (`inputs`), builds the
+//! same header and descriptor section a native client would send, and runs
+//! it through `AgentCore::prepare` (shutdown, model, limits, signature,
+//! payload budget) and `AgentCore::execute` (the model's FIFO queue, the
+//! engine, output checks, counters) on a blocking-pool thread, with the
+//! tensors read where tonic decoded them. Outputs go back as
+//! `raw_output_contents`; an output that is an unchanged input (identity)
+//! is the request's own buffer, an engine-allocated one is handed over
+//! without a copy.
+
+use crate::datatype::kserve_datatype;
+use crate::inputs::{gather, order_by_signature, Input};
+use crate::proto::grpc_inference_service_server::GrpcInferenceService;
+use crate::proto::model_infer_response::InferOutputTensor;
+use crate::proto::model_metadata_response::TensorMetadata;
+use crate::proto::{
+    ModelInferRequest, ModelInferResponse, ModelMetadataRequest, ModelMetadataResponse,
+    ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse, ServerLiveRequest,
+    ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest,
+    ServerReadyResponse,
+};
+use bytes::Bytes;
+use engine::{OutputData, TensorView};
+use server::dispatch::{AgentCore, Reply};
+use server::ModelEntry;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+use wire::{
+    decode_error_body, encode_tensor_section, layout_payload, AlignedBuf, Header, Kind, Stage,
+    TensorDesc, TensorSpec, Timeline,
+};
+
+/// The only model version tensorwire serves (a model has one version;
+/// requests may also leave the version empty).
+pub const MODEL_VERSION: &str = "1";
+
+/// The KServe v2 gRPC service over an agent core.
+#[derive(Debug, Clone)]
+pub struct KServeService {
+    core: Arc<AgentCore>,
+    shared: Arc<Shared>,
+}
+
+/// State the service shares with the server that runs it.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    /// Set when the front door begins to stop: `ServerReady` says false.
+    pub stopping: AtomicBool,
+    /// `ModelInfer` calls being handled (for a graceful stop).
+    pub in_flight: AtomicUsize,
+    /// Request ids for the core (gRPC ids are strings; these are ours).
+    next_id: AtomicU64,
+}
+
+/// Counts one call in flight while alive.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn enter(s: &Arc<Shared>) -> InFlight {
+        s.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(s.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl KServeService {
+    /// A service answering from `core`.
+    pub fn new(core: Arc<AgentCore>) -> KServeService {
+        KServeService::with_shared(core, Arc::new(Shared::default()))
+    }
+
+    pub(crate) fn with_shared(core: Arc<AgentCore>, shared: Arc<Shared>) -> KServeService {
+        KServeService { core, shared }
+    }
+
+    fn ready(&self) -> bool {
+        !self.core.is_closing() && !self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    /// The model `name` at `version` ("" or "1"), or NOT_FOUND.
+    fn model(&self, name: &str, version: &str) -> Result<&ModelEntry, Status> {
+        find_model(&self.core, name, version)
+    }
+}
+
+fn find_model<'a>(
+    core: &'a AgentCore,
+    name: &str,
+    version: &str,
+) -> Result<&'a ModelEntry, Status> {
+    let m = core.registry.find(name).ok_or_else(|| {
+        let known: Vec<String> = core
+            .registry
+            .iter()
+            .map(|m| m.signature().name.clone())
+            .collect();
+        Status::not_found(format!(
+            "unknown model '{name}' (served: {})",
+            known.join(", ")
+        ))
+    })?;
+    if !version.is_empty() && version != MODEL_VERSION {
+        return Err(Status::not_found(format!(
+            "model '{name}' has no version '{version}' (tensorwire serves version \
+             {MODEL_VERSION} only)"
+        )));
+    }
+    Ok(m)
+}
+
+type InferStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for KServeService {
+    async fn server_live(
+        &self,
+        _request: Request<ServerLiveRequest>,
+    ) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _request: Request<ServerReadyRequest>,
+    ) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse {
+            ready: self.ready(),
+        }))
+    }
+
+    /// Ready when the model exists at that version and the agent is not
+    /// shutting down; an unknown model or version is not ready (as Triton
+    /// answers), not an error.
+    async fn model_ready(
+        &self,
+        request: Request<ModelReadyRequest>,
+    ) -> Result<Response<ModelReadyResponse>, Status> {
+        let req = request.into_inner();
+        let ready = self.ready() && self.model(&req.name, &req.version).is_ok();
+        Ok(Response::new(ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _request: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: "tensorwire".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            // None of the named KServe/Triton extensions (model repository,
+            // shared memory, statistics, ...) is served.
+            extensions: Vec::new(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let req = request.into_inner();
+        let model = self.model(&req.name, &req.version)?;
+        let sig = model.signature();
+        Ok(Response::new(ModelMetadataResponse {
+            name: sig.name.clone(),
+            versions: vec![MODEL_VERSION.to_string()],
+            platform: if sig.inputs.is_empty() && sig.outputs.is_empty() {
+                "tensorwire_identity".to_string()
+            } else {
+                "onnxruntime_onnx".to_string()
+            },
+            inputs: sig.inputs.iter().map(metadata).collect(),
+            outputs: sig.outputs.iter().map(metadata).collect(),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<ModelInferRequest>,
+    ) -> Result<Response<ModelInferResponse>, Status> {
+        let _call = InFlight::enter(&self.shared);
+        let core = self.core.clone();
+        let shared = self.shared.clone();
+        let req = request.into_inner();
+        let answer = tokio::task::spawn_blocking(move || infer(&core, &shared, req))
+            .await
+            .map_err(|e| Status::internal(format!("the inference task failed: {e}")))?;
+        answer.map(Response::new)
+    }
+
+    /// Answers each request of the stream in order, one at a time; a
+    /// request that fails is answered with its `error_message` and the
+    /// stream goes on (Triton's behaviour).
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<ModelInferRequest>>,
+    ) -> Result<Response<InferStream>, Status> {
+        let mut requests = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let core = self.core.clone();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            loop {
+                let req = match requests.message().await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        break;
+                    }
+                };
+                let _call = InFlight::enter(&shared);
+                let (c, s) = (core.clone(), shared.clone());
+                let answer = match tokio::task::spawn_blocking(move || infer(&c, &s, req)).await {
+                    Ok(Ok(r)) => ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(r),
+                    },
+                    Ok(Err(status)) => ModelStreamInferResponse {
+                        error_message: status.message().to_string(),
+                        infer_response: None,
+                    },
+                    Err(e) => ModelStreamInferResponse {
+                        error_message: format!("the inference task failed: {e}"),
+                        infer_response: None,
+                    },
+                };
+                if tx.send(Ok(answer)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// A signature tensor as KServe metadata (-1 for a dynamic dimension).
+fn metadata(t: &TensorSpec) -> TensorMetadata {
+    TensorMetadata {
+        name: t.name.clone(),
+        datatype: kserve_datatype(t.dtype).to_string(),
+        shape: t
+            .shape
+            .iter()
+            .map(|d| d.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)))
+            .collect(),
+    }
+}
+
+/// One `ModelInfer`, start to finish, on the calling (blocking) thread.
+fn infer(
+    core: &AgentCore,
+    shared: &Shared,
+    mut req: ModelInferRequest,
+) -> Result<ModelInferResponse, Status> {
+    let model = find_model(core, &req.model_name, &req.model_version)?;
+    if core.is_closing() {
+        return Err(Status::unavailable(
+            "the agent is shutting down and accepts no new requests",
+        ));
+    }
+    let inputs = gather(
+        std::mem::take(&mut req.inputs),
+        std::mem::take(&mut req.raw_input_contents),
+        core.limits.max_payload,
+    )?;
+    let sig = model.signature();
+    let inputs = order_by_signature(sig, inputs)?;
+    let wanted = requested_outputs(sig, &req)?;
+
+    // The request as a native client would send it.
+    let lens: Vec<u64> = inputs.iter().map(|i| i.data.len() as u64).collect();
+    let (offsets, payload_len) = layout_payload(lens.iter().copied())
+        .ok_or_else(|| Status::invalid_argument("the request's tensors are too large"))?;
+    let descs: Vec<TensorDesc> = inputs
+        .iter()
+        .zip(offsets)
+        .zip(&lens)
+        .map(|((i, offset), &len)| TensorDesc {
+            dtype: i.dtype,
+            shape: i.shape.clone(),
+            offset,
+            len,
+        })
+        .collect();
+    let mut desc = Vec::new();
+    encode_tensor_section(&descs, None, &mut desc);
+    let mut h = Header::new(Kind::Request);
+    h.request_id = shared.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+    h.model_id = model.id;
+    h.tensor_count =
+        u32::try_from(descs.len()).map_err(|_| Status::invalid_argument("too many inputs"))?;
+    h.desc_len = u32::try_from(desc.len())
+        .map_err(|_| Status::invalid_argument("the inputs' shapes are too large"))?;
+    h.payload_len = payload_len;
+    if let Err(e) = h.check_limits(&core.limits) {
+        return Err(error_status(&core.fail(Reply::error(
+            h.request_id,
+            e.status(),
+            &e.to_string(),
+        ))));
+    }
+
+    let mut tl = Timeline::for_request(&h);
+    tl.stamp(Stage::Received);
+    let prep = core
+        .prepare(&h, &desc, &core.limits)
+        .map_err(|r| error_status(&r))?;
+    tl.stamp(Stage::PayloadInPlace);
+    let views: Vec<TensorView<'_>> = descs
+        .iter()
+        .zip(&inputs)
+        .map(|(d, i)| TensorView::new(d.dtype, &d.shape, &i.data))
+        .collect();
+    let reply = core.execute(&prep, &views, &mut tl);
+    drop(views);
+    drop(prep);
+    if reply.header.kind == Kind::Error {
+        return Err(error_status(&reply));
+    }
+
+    let mut outputs = Vec::with_capacity(reply.outputs.len());
+    for (i, out) in reply.outputs.into_iter().enumerate() {
+        let (name, bytes) = match out.data {
+            OutputData::Input(j) => {
+                let input: &Input = inputs.get(j).ok_or_else(|| {
+                    Status::internal(format!("output {i} aliases missing input {j}"))
+                })?;
+                let name = sig.outputs.get(i).map_or(&input.name, |s| &s.name);
+                (name.clone(), input.data.clone())
+            }
+            OutputData::Owned(buf) => (
+                sig.outputs
+                    .get(i)
+                    .map_or_else(|| format!("OUTPUT{i}"), |s| s.name.clone()),
+                Bytes::from_owner(OwnedOutput(buf)),
+            ),
+        };
+        let shape = out
+            .shape
+            .iter()
+            .map(|&d| {
+                i64::try_from(d)
+                    .map_err(|_| Status::internal(format!("output {i} dimension {d} too large")))
+            })
+            .collect::<Result<Vec<i64>, _>>()?;
+        outputs.push((
+            InferOutputTensor {
+                name,
+                datatype: kserve_datatype(out.dtype).to_string(),
+                shape,
+                parameters: HashMap::new(),
+                contents: None,
+            },
+            bytes,
+        ));
+    }
+    if let Some(wanted) = wanted {
+        let mut picked = Vec::with_capacity(wanted.len());
+        for name in wanted {
+            let o = outputs
+                .iter()
+                .find(|(t, _)| t.name == name)
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "model '{}' has no output named '{name}'",
+                        sig.name
+                    ))
+                })?;
+            picked.push(o.clone());
+        }
+        outputs = picked;
+    }
+    let (tensors, raw) = outputs.into_iter().unzip();
+    Ok(ModelInferResponse {
+        model_name: req.model_name,
+        model_version: MODEL_VERSION.to_string(),
+        id: req.id,
+        parameters: HashMap::new(),
+        outputs: tensors,
+        raw_output_contents: raw,
+    })
+}
+
+/// The output names the request asks for, if it names any; names the model
+/// does not have are refused before the model runs when its signature
+/// declares its outputs.
+fn requested_outputs(
+    sig: &wire::ModelSignature,
+    req: &ModelInferRequest,
+) -> Result<Option<Vec<String>>, Status> {
+    if req.outputs.is_empty() {
+        return Ok(None);
+    }
+    let names: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+    if !sig.outputs.is_empty() {
+        if let Some(bad) = names
+            .iter()
+            .find(|n| !sig.outputs.iter().any(|s| &s.name == *n))
+        {
+            let known: Vec<&str> = sig.outputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(Status::invalid_argument(format!(
+                "model '{}' has no output named '{bad}' (its outputs: {})",
+                sig.name,
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(Some(names))
+}
+
+/// The gRPC status of an Error reply from the core.
+fn error_status(reply: &Reply) -> Status {
+    use wire::Status as W;
+    let message = decode_error_body(&reply.desc)
+        .unwrap_or_else(|_| format!("the agent refused the request ({:?})", reply.header.status));
+    match reply.header.status {
+        W::UnknownModel => Status::not_found(message),
+        W::InvalidInput | W::Malformed => Status::invalid_argument(message),
+        W::LimitExceeded | W::TooManyInFlight => Status::resource_exhausted(message),
+        W::ShuttingDown => Status::unavailable(message),
+        _ => Status::internal(message),
+    }
+}
+
+/// An engine-allocated output handed to a `Bytes` without a copy.
+struct OwnedOutput(AlignedBuf);
+
+impl AsRef<[u8]> for OwnedOutput {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
