@@ -12,9 +12,11 @@ drift spreads over all of them:
   `time.perf_counter_ns`, in its own process); both poll 200 µs before they
   block (ping's default, passed to the Python client as `spin_us=200`);
 - the figure users compare with: the same empty request from Python through
-  `tritonclient.grpc` (KServe v2 `ModelInfer`) to the same engine served
-  over tonic gRPC (`tensorwire peer-serve --peer grpc`, the bench's gRPC
-  peer), tcp, started beside the agent (skipped if tritonclient is absent);
+  `tritonclient.grpc` (KServe v2 `ModelInfer`), to the agent's own gRPC
+  front door (`serve --listen grpc://…`: through the agent's queues) and to
+  the bench's tonic gRPC peer (`tensorwire peer-serve --peer grpc`: the same
+  stack calling the engine directly), tcp (skipped if tritonclient is
+  absent);
 - over shm, the identity model with a 1 KiB and a 16 MiB `c.empty` buffer
   (sent where it lies; the identity's output is the same memory): Python
   p50 per size, the ratio 16 MiB / 1 KiB says whether anything was copied.
@@ -92,21 +94,22 @@ print(json.dumps(out))
 
 
 def start_agent(binary, workdir, tag):
-    uris = [f"shm://twpy{os.getpid()}-{tag}", "unix://" + os.path.join(workdir, "a.sock"), "tcp://127.0.0.1:0"]
+    uris = [f"shm://twpy{os.getpid()}-{tag}", "unix://" + os.path.join(workdir, "a.sock"), "tcp://127.0.0.1:0",
+            "grpc://127.0.0.1:0"]
     args = [binary, "serve"]
     for u in uris:
         args += ["--listen", u]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     got = {}
     deadline = time.monotonic() + 30
-    while len(got) < 3 and time.monotonic() < deadline:
+    while len(got) < 4 and time.monotonic() < deadline:
         line = p.stdout.readline()
         if not line:
             break
         if line.startswith("listening on "):
             u = line.split()[-1]
             got[u.split(":")[0]] = u
-    if len(got) < 3:
+    if len(got) < 4:
         p.kill()
         sys.exit("the agent did not start")
     return p, got
@@ -162,6 +165,7 @@ def main():
         jobs.append(("python-sizes", "shm"))
         if peer_addr:
             jobs.append(("tritonclient", "tcp"))
+            jobs.append(("tritonclient", "grpc"))
         for r in range(a.rounds):
             k = r % len(jobs)
             for who, t in jobs[k:] + jobs[:k]:
@@ -170,7 +174,8 @@ def main():
                 elif who == "python":
                     res = run_json([a.python, "-c", PY_EMPTY, uris[t], str(a.n), "1000"], tmp)
                 elif who == "tritonclient":
-                    res = run_json([a.python, "-c", PY_TRITON, peer_addr, str(max(a.n // 10, 1000)), "200"], tmp)
+                    addr = peer_addr if t == "tcp" else uris["grpc"][len("grpc://"):]
+                    res = run_json([a.python, "-c", PY_TRITON, addr, str(max(a.n // 10, 1000)), "200"], tmp)
                 else:
                     res = run_json([a.python, "-c", PY_SIZES, uris[t], str(a.n)], tmp)
                 rows.setdefault(f"{who}/{t}", []).append(res)
@@ -207,14 +212,18 @@ def main():
             f"+{d:.2f} µs [{min(diffs):+.2f}–{max(diffs):+.2f}] | {q:.2f}× [{min(ratios):.2f}–{max(ratios):.2f}] |"
         )
     if "tritonclient/tcp" in rows:
-        tp50 = med("tritonclient/tcp", "p50_us")
-        tp99 = med("tritonclient/tcp", "p99_us")[0]
         pyt = summary["tcp"]["python_p50"][0]
-        lines.append(
-            f"| tcp | Python `tritonclient.grpc` → KServe v2 gRPC (tonic peer) | {tp50[0]:.2f} [{tp50[1]:.2f}–{tp50[2]:.2f}] | "
-            f"{tp99:.2f} | | {tp50[0] / pyt:.1f}× tensorwire Python tcp |"
-        )
-        summary["tritonclient"] = {"p50": tp50}
+        for key, what in (("tritonclient/grpc", "agent's gRPC front door (`serve --listen grpc://`)"),
+                          ("tritonclient/tcp", "tonic peer (`peer-serve --peer grpc`)")):
+            tp50 = med(key, "p50_us")
+            tp99 = med(key, "p99_us")[0]
+            lines.append(
+                f"| tcp | Python `tritonclient.grpc` → KServe v2 gRPC, {what} | {tp50[0]:.2f} [{tp50[1]:.2f}–{tp50[2]:.2f}] | "
+                f"{tp99:.2f} | | {tp50[0] / pyt:.1f}× tensorwire Python tcp |"
+            )
+            summary[key] = {"p50": tp50}
+        front = [f["p50_us"] / p["p50_us"] for f, p in zip(rows["tritonclient/grpc"], rows["tritonclient/tcp"])]
+        lines.append(f"| | front door / tonic peer, per round | {statistics.median(front):.2f}× [{min(front):.2f}–{max(front):.2f}] | | | |")
     small = [x["1024"]["p50_us"] for x in rows["python-sizes/shm"]]
     big = [x[str(16 << 20)]["p50_us"] for x in rows["python-sizes/shm"]]
     ratio = [b / s for b, s in zip(big, small)]
