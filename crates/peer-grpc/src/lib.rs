@@ -142,15 +142,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn datatypes_round_trip() {
-        for d in DType::ALL {
-            assert_eq!(dtype_from_kserve(kserve_datatype(d)), Some(d));
-        }
-        assert_eq!(dtype_from_kserve("BYTES"), None);
-        assert_eq!(dtype_from_kserve("fp32"), None);
-    }
-
-    #[test]
     fn addresses() {
         assert!(parse_address("unix:///tmp/x.sock").is_ok());
         assert!(parse_address("tcp://127.0.0.1:0?nodelay=0").is_ok());
