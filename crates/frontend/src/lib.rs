@@ -3,10 +3,12 @@
 //! tensorwire's own wire protocol.
 //!
 //! Today that is the KServe v2 ("Open Inference Protocol") gRPC service,
-//! the one Triton serves, so `tritonclient.grpc` and any other stock KServe
-//! v2 client work unmodified against `tensorwire serve --listen
-//! grpc://HOST:PORT`. A gRPC call is not a second engine: [`GrpcFrontend`]
-//! turns each `ModelInfer` into a tensorwire request (header + descriptor
+//! the one Triton serves, and its HTTP/REST twin ([`HttpFrontend`]: JSON
+//! tensors and the binary tensor data extension), so `tritonclient.grpc`,
+//! `tritonclient.http` and any other stock KServe v2 client work unmodified
+//! against `tensorwire serve --listen grpc://HOST:PORT` or `--listen
+//! http://HOST:PORT`. A call is not a second engine: both front doors turn
+//! each inference into a tensorwire request (header + descriptor
 //! section over the request's own tensor bytes) and runs it through
 //! `AgentCore::prepare` and `AgentCore::execute`, so it meets the same
 //! registry, limits, payload budget, per-model FIFO queue, counters and
@@ -17,15 +19,19 @@
 //! `tonic-prost-build`, no `protoc` needed; the bench peer in
 //! `crates/peer-grpc` uses these same types), [`datatype`] (KServe datatype
 //! names), `inputs` (a request's tensors checked and gathered),
-//! `service` (the `GRPCInferenceService` over the core) and `server` (the
-//! listener and its tokio runtime).
+//! `service` (the `GRPCInferenceService` over the core and the
+//! `infer_over_core` path both front doors share), `http` (the REST
+//! routes over that same path) and `server` (the listeners and their tokio
+//! runtime).
 
 pub mod datatype;
+mod http;
 mod inputs;
 mod server;
 mod service;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
+pub use http::{parse_http_uri, HttpFrontend, HTTP_SCHEME};
 pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
 pub use service::KServeService;
 

@@ -23,11 +23,37 @@ const LINGER: Duration = Duration::from_millis(100);
 /// parameters, protobuf framing) on top of the agent's `max_payload`.
 const MESSAGE_OVERHEAD: u64 = 1 << 20;
 
+/// `HOST:PORT` of `SCHEME HOST:PORT` (port 0 picks a free one).
+pub(crate) fn parse_host_port<'a>(
+    uri: &'a str,
+    scheme: &str,
+    what: &str,
+) -> Result<&'a str, FrontendError> {
+    let bad = |reason: String| FrontendError::BadAddress {
+        uri: uri.to_string(),
+        reason,
+    };
+    let addr = uri.strip_prefix(scheme).ok_or_else(|| {
+        bad(format!(
+            "the {what} front door listens on {scheme}HOST:PORT"
+        ))
+    })?;
+    if addr.contains(['/', '?']) {
+        return Err(bad(format!(
+            "expected {scheme}HOST:PORT, with no path or options"
+        )));
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr),
+        _ => Err(bad(format!("missing or bad port ({scheme}HOST:PORT)"))),
+    }
+}
+
 /// Why the front door could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum FrontendError {
-    /// The URI is not `grpc://HOST:PORT`.
-    #[error("bad gRPC address '{uri}': {reason}")]
+    /// The URI is not `grpc://HOST:PORT` (or `http://HOST:PORT`).
+    #[error("bad front door address '{uri}': {reason}")]
     BadAddress {
         /// The URI as given.
         uri: String,
@@ -49,41 +75,15 @@ pub enum FrontendError {
 
 /// The `HOST:PORT` of a `grpc://HOST:PORT` URI (port 0 picks a free one).
 pub fn parse_grpc_uri(uri: &str) -> Result<&str, FrontendError> {
-    let bad = |reason: &str| FrontendError::BadAddress {
-        uri: uri.to_string(),
-        reason: reason.to_string(),
-    };
-    let addr = uri
-        .strip_prefix(GRPC_SCHEME)
-        .ok_or_else(|| bad("the gRPC front door listens on grpc://HOST:PORT"))?;
-    if addr.contains(['/', '?']) {
-        return Err(bad("expected grpc://HOST:PORT, with no path or options"));
-    }
-    match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr),
-        _ => Err(bad("missing or bad port (grpc://HOST:PORT)")),
-    }
+    parse_host_port(uri, GRPC_SCHEME, "gRPC")
 }
 
 /// A running gRPC front door.
 ///
 /// Dropping it without [`shutdown`](GrpcFrontend::shutdown) stops it the
 /// same way. Either must happen outside any tokio runtime.
-pub struct GrpcFrontend {
-    uri: String,
-    shared: Arc<Shared>,
-    runtime: Option<tokio::runtime::Runtime>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
-}
-
-impl std::fmt::Debug for GrpcFrontend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GrpcFrontend")
-            .field("uri", &self.uri)
-            .finish()
-    }
-}
+#[derive(Debug)]
+pub struct GrpcFrontend(pub(crate) Running);
 
 impl GrpcFrontend {
     /// Starts serving `core` on `listen` (`grpc://HOST:PORT`). Returns once
@@ -100,9 +100,84 @@ impl GrpcFrontend {
             GrpcInferenceServiceServer::new(KServeService::with_shared(core, shared.clone()))
                 .max_decoding_message_size(max_message)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Running::start(
+            listen,
+            addr,
+            GRPC_SCHEME,
+            "tw-grpc-frontend",
+            shared,
+            |listener, stopped| {
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                let router = tonic::transport::Server::builder().add_service(service);
+                async move {
+                    let _ = router
+                        .serve_with_incoming_shutdown(incoming, async move {
+                            // A dropped sender stops the server too.
+                            let _ = stopped.await;
+                        })
+                        .await;
+                }
+            },
+        )
+        .map(GrpcFrontend)
+    }
+
+    /// The URI it listens on, with the port it was given for port 0.
+    pub fn uri(&self) -> &str {
+        self.0.uri()
+    }
+
+    /// From now on `ServerReady` answers false (call it when shutdown
+    /// begins, before the agent drains).
+    pub fn set_not_ready(&self) {
+        self.0.set_not_ready();
+    }
+
+    /// Stops serving: `ServerReady` false, tonic's graceful shutdown (no new
+    /// connections, GOAWAY on open ones); calls in flight get up to 5 s to
+    /// finish and 100 ms more to send their responses, then remaining
+    /// connections are dropped and the runtime is joined.
+    pub fn shutdown(self) {
+        self.0.shutdown();
+    }
+}
+
+/// A front door's listener, tokio runtime and serving task, shared by the
+/// gRPC and HTTP front doors.
+pub(crate) struct Running {
+    uri: String,
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").field("uri", &self.uri).finish()
+    }
+}
+
+impl Running {
+    /// Binds `addr` (from `listen`, which has `scheme`), starts a runtime
+    /// and spawns `serve(listener, stopped)` on it, where `stopped`
+    /// resolves when the front door is told to stop.
+    pub(crate) fn start<F, Fut>(
+        listen: &str,
+        addr: &str,
+        scheme: &str,
+        thread_name: &str,
+        shared: Arc<Shared>,
+        serve: F,
+    ) -> Result<Running, FrontendError>
+    where
+        F: FnOnce(tokio::net::TcpListener, oneshot::Receiver<()>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
-            .thread_name("tw-grpc-frontend")
+            .thread_name(thread_name)
             .build()
             .map_err(FrontendError::Runtime)?;
         let listen_err = |source: io::Error| FrontendError::Listen {
@@ -117,16 +192,10 @@ impl GrpcFrontend {
             // Registering the socket needs the runtime's reactor.
             let _guard = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(listener).map_err(listen_err)?;
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let router = tonic::transport::Server::builder().add_service(service);
-            runtime.spawn(router.serve_with_incoming_shutdown(incoming, async move {
-                // A dropped sender stops the server too.
-                let _ = stopped.await;
-            }))
+            runtime.spawn(serve(listener, stopped))
         };
-        Ok(GrpcFrontend {
-            uri: format!("{GRPC_SCHEME}{local}"),
+        Ok(Running {
+            uri: format!("{scheme}{local}"),
             shared,
             runtime: Some(runtime),
             stop: Some(stop),
@@ -134,22 +203,15 @@ impl GrpcFrontend {
         })
     }
 
-    /// The URI it listens on, with the port it was given for port 0.
-    pub fn uri(&self) -> &str {
+    pub(crate) fn uri(&self) -> &str {
         &self.uri
     }
 
-    /// From now on `ServerReady` answers false (call it when shutdown
-    /// begins, before the agent drains).
-    pub fn set_not_ready(&self) {
+    pub(crate) fn set_not_ready(&self) {
         self.shared.stopping.store(true, Ordering::Release);
     }
 
-    /// Stops serving: `ServerReady` false, tonic's graceful shutdown (no new
-    /// connections, GOAWAY on open ones); calls in flight get up to 5 s to
-    /// finish and 100 ms more to send their responses, then remaining
-    /// connections are dropped and the runtime is joined.
-    pub fn shutdown(mut self) {
+    pub(crate) fn shutdown(mut self) {
         self.stop_now();
     }
 
@@ -177,7 +239,7 @@ impl GrpcFrontend {
     }
 }
 
-impl Drop for GrpcFrontend {
+impl Drop for Running {
     fn drop(&mut self) {
         self.stop_now();
     }

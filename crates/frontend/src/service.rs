@@ -14,6 +14,7 @@
 use crate::datatype::kserve_datatype;
 use crate::inputs::{gather, order_by_signature, Input};
 use crate::proto::grpc_inference_service_server::GrpcInferenceService;
+use crate::proto::model_infer_request::InferInputTensor;
 use crate::proto::model_infer_response::InferOutputTensor;
 use crate::proto::model_metadata_response::TensorMetadata;
 use crate::proto::{
@@ -59,11 +60,18 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
 }
 
+impl Shared {
+    /// Ready for requests: neither the agent nor the front door stopping.
+    pub(crate) fn ready(&self, core: &AgentCore) -> bool {
+        !core.is_closing() && !self.stopping.load(Ordering::Acquire)
+    }
+}
+
 /// Counts one call in flight while alive.
-struct InFlight(Arc<Shared>);
+pub(crate) struct InFlight(Arc<Shared>);
 
 impl InFlight {
-    fn enter(s: &Arc<Shared>) -> InFlight {
+    pub(crate) fn enter(s: &Arc<Shared>) -> InFlight {
         s.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(s.clone())
     }
@@ -86,7 +94,7 @@ impl KServeService {
     }
 
     fn ready(&self) -> bool {
-        !self.core.is_closing() && !self.shared.stopping.load(Ordering::Acquire)
+        self.shared.ready(&self.core)
     }
 
     /// The model `name` at `version` ("" or "1"), or NOT_FOUND.
@@ -95,7 +103,7 @@ impl KServeService {
     }
 }
 
-fn find_model<'a>(
+pub(crate) fn find_model<'a>(
     core: &'a AgentCore,
     name: &str,
     version: &str,
@@ -175,11 +183,7 @@ impl GrpcInferenceService for KServeService {
         Ok(Response::new(ModelMetadataResponse {
             name: sig.name.clone(),
             versions: vec![MODEL_VERSION.to_string()],
-            platform: if sig.inputs.is_empty() && sig.outputs.is_empty() {
-                "tensorwire_identity".to_string()
-            } else {
-                "onnxruntime_onnx".to_string()
-            },
+            platform: platform(sig).to_string(),
             inputs: sig.inputs.iter().map(metadata).collect(),
             outputs: sig.outputs.iter().map(metadata).collect(),
         }))
@@ -246,8 +250,17 @@ impl GrpcInferenceService for KServeService {
     }
 }
 
+/// The KServe `platform` of a model.
+pub(crate) fn platform(sig: &wire::ModelSignature) -> &'static str {
+    if sig.inputs.is_empty() && sig.outputs.is_empty() {
+        "tensorwire_identity"
+    } else {
+        "onnxruntime_onnx"
+    }
+}
+
 /// A signature tensor as KServe metadata (-1 for a dynamic dimension).
-fn metadata(t: &TensorSpec) -> TensorMetadata {
+pub(crate) fn metadata(t: &TensorSpec) -> TensorMetadata {
     TensorMetadata {
         name: t.name.clone(),
         datatype: kserve_datatype(t.dtype).to_string(),
@@ -265,21 +278,75 @@ fn infer(
     shared: &Shared,
     mut req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Status> {
-    let model = find_model(core, &req.model_name, &req.model_version)?;
+    let wanted: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+    let outputs = infer_over_core(
+        core,
+        shared,
+        &req.model_name,
+        &req.model_version,
+        std::mem::take(&mut req.inputs),
+        std::mem::take(&mut req.raw_input_contents),
+        &wanted,
+    )?;
+    let (tensors, raw) = outputs
+        .into_iter()
+        .map(|o| {
+            (
+                InferOutputTensor {
+                    name: o.name,
+                    datatype: o.datatype.to_string(),
+                    shape: o.shape,
+                    parameters: HashMap::new(),
+                    contents: None,
+                },
+                o.data,
+            )
+        })
+        .unzip();
+    Ok(ModelInferResponse {
+        model_name: req.model_name,
+        model_version: MODEL_VERSION.to_string(),
+        id: req.id,
+        parameters: HashMap::new(),
+        outputs: tensors,
+        raw_output_contents: raw,
+    })
+}
+
+/// One output of an inference: its KServe datatype, shape and bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Output {
+    pub name: String,
+    pub datatype: &'static str,
+    pub shape: Vec<i64>,
+    pub data: Bytes,
+}
+
+/// The shared path of both front doors: finds the model, checks and
+/// gathers the inputs (`tensors` with `raw` bytes for all or none of them,
+/// as KServe v2 gRPC's `raw_input_contents`), builds the request a native
+/// client would send and runs it through `AgentCore::prepare` and
+/// `AgentCore::execute`. `wanted` names the outputs to return (all when
+/// empty). Runs on the calling (blocking) thread.
+pub(crate) fn infer_over_core(
+    core: &AgentCore,
+    shared: &Shared,
+    model_name: &str,
+    model_version: &str,
+    tensors: Vec<InferInputTensor>,
+    raw: Vec<Bytes>,
+    wanted: &[String],
+) -> Result<Vec<Output>, Status> {
+    let model = find_model(core, model_name, model_version)?;
     if core.is_closing() {
         return Err(Status::unavailable(
             "the agent is shutting down and accepts no new requests",
         ));
     }
-    let inputs = gather(
-        std::mem::take(&mut req.inputs),
-        std::mem::take(&mut req.raw_input_contents),
-        core.limits.max_payload,
-    )?;
+    let inputs = gather(tensors, raw, core.limits.max_payload)?;
     let sig = model.signature();
     let inputs = order_by_signature(sig, inputs)?;
-    let wanted = requested_outputs(sig, &req)?;
-
+    requested_outputs(sig, wanted)?;
     // The request as a native client would send it.
     let lens: Vec<u64> = inputs.iter().map(|i| i.data.len() as u64).collect();
     let (offsets, payload_len) = layout_payload(lens.iter().copied())
@@ -356,55 +423,33 @@ fn infer(
                     .map_err(|_| Status::internal(format!("output {i} dimension {d} too large")))
             })
             .collect::<Result<Vec<i64>, _>>()?;
-        outputs.push((
-            InferOutputTensor {
-                name,
-                datatype: kserve_datatype(out.dtype).to_string(),
-                shape,
-                parameters: HashMap::new(),
-                contents: None,
-            },
-            bytes,
-        ));
+        outputs.push(Output {
+            name,
+            datatype: kserve_datatype(out.dtype),
+            shape,
+            data: bytes,
+        });
     }
-    if let Some(wanted) = wanted {
+    if !wanted.is_empty() {
         let mut picked = Vec::with_capacity(wanted.len());
         for name in wanted {
-            let o = outputs
-                .iter()
-                .find(|(t, _)| t.name == name)
-                .ok_or_else(|| {
-                    Status::invalid_argument(format!(
-                        "model '{}' has no output named '{name}'",
-                        sig.name
-                    ))
-                })?;
+            let o = outputs.iter().find(|o| &o.name == name).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "model '{}' has no output named '{name}'",
+                    sig.name
+                ))
+            })?;
             picked.push(o.clone());
         }
         outputs = picked;
     }
-    let (tensors, raw) = outputs.into_iter().unzip();
-    Ok(ModelInferResponse {
-        model_name: req.model_name,
-        model_version: MODEL_VERSION.to_string(),
-        id: req.id,
-        parameters: HashMap::new(),
-        outputs: tensors,
-        raw_output_contents: raw,
-    })
+    Ok(outputs)
 }
 
 /// The output names the request asks for, if it names any; names the model
 /// does not have are refused before the model runs when its signature
 /// declares its outputs.
-fn requested_outputs(
-    sig: &wire::ModelSignature,
-    req: &ModelInferRequest,
-) -> Result<Option<Vec<String>>, Status> {
-    if req.outputs.is_empty() {
-        return Ok(None);
-    }
-    let names: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+fn requested_outputs(sig: &wire::ModelSignature, names: &[String]) -> Result<(), Status> {
     if !sig.outputs.is_empty() {
         if let Some(bad) = names
             .iter()
@@ -418,7 +463,7 @@ fn requested_outputs(
             )));
         }
     }
-    Ok(Some(names))
+    Ok(())
 }
 
 /// The gRPC status of an Error reply from the core.

@@ -14,8 +14,8 @@ pub struct Args {
     #[arg(long = "model", value_name = "NAME=PATH")]
     models: Vec<String>,
     /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0],
-    /// shm://name, or grpc://host:port for the KServe v2 gRPC front door
-    /// (repeatable).
+    /// shm://name, grpc://host:port for the KServe v2 gRPC front door, or
+    /// http://host:port for the KServe v2 HTTP/REST front door (repeatable).
     #[arg(long = "listen", value_name = "URI")]
     listen: Vec<String>,
     /// A TOML config file with the same settings.
@@ -70,10 +70,14 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     // gRPC front doors run beside the agent over its core; the agent's own
     // listeners speak the tensorwire protocol.
     let mut grpc_listen = Vec::new();
+    let mut http_listen = Vec::new();
     for l in &a.listen {
         if l.starts_with(frontend::GRPC_SCHEME) {
             frontend::parse_grpc_uri(l).map_err(|e| e.to_string())?;
             grpc_listen.push(l.clone());
+        } else if l.starts_with(frontend::HTTP_SCHEME) {
+            frontend::parse_http_uri(l).map_err(|e| e.to_string())?;
+            http_listen.push(l.clone());
         } else {
             cfg.listen.push(parse_endpoint(l)?);
         }
@@ -111,7 +115,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     if let Some(n) = a.shm_spin_us {
         cfg.shm_spin_us = n;
     }
-    if cfg.listen.is_empty() && grpc_listen.is_empty() {
+    if cfg.listen.is_empty() && grpc_listen.is_empty() && http_listen.is_empty() {
         return Err(
             "nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into(),
         );
@@ -141,11 +145,26 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             }
         }
     }
+    let mut http_frontends = Vec::with_capacity(http_listen.len());
+    for l in &http_listen {
+        match frontend::HttpFrontend::start(l, agent.core().clone()) {
+            Ok(f) => http_frontends.push(f),
+            Err(e) => {
+                drop(http_frontends);
+                drop(frontends);
+                agent.shutdown(Duration::ZERO);
+                return Err(e.to_string().into());
+            }
+        }
+    }
     for ep in agent.endpoints() {
         // One line per endpoint on stdout, so scripts can wait for readiness.
         println!("listening on {ep}");
     }
     for f in &frontends {
+        println!("listening on {}", f.uri());
+    }
+    for f in &http_frontends {
         println!("listening on {}", f.uri());
     }
     use std::io::Write;
@@ -165,8 +184,14 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     for f in &frontends {
         f.set_not_ready();
     }
+    for f in &http_frontends {
+        f.set_not_ready();
+    }
     let unfinished = agent.shutdown(Duration::from_secs(a.grace));
     for f in frontends {
+        f.shutdown();
+    }
+    for f in http_frontends {
         f.shutdown();
     }
     if unfinished > 0 {

@@ -1,0 +1,638 @@
+//! [`HttpFrontend`]: the KServe v2 HTTP/REST listener on
+//! `http://HOST:PORT` (axum on its own tokio runtime), with JSON tensors
+//! and the binary tensor data extension. Each inference is turned into the
+//! gRPC front door's input tensors and run through the same
+//! `infer_over_core` path.
+
+use crate::datatype::dtype_from_kserve;
+use crate::proto::model_infer_request::InferInputTensor;
+use crate::server::{parse_host_port, FrontendError, Running};
+use crate::service::MODEL_VERSION;
+use crate::service::{find_model, infer_over_core, metadata, platform, InFlight, Output, Shared};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use server::dispatch::AgentCore;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tonic::{Code, Status};
+use wire::DType;
+
+/// The URI scheme of the HTTP front door.
+pub const HTTP_SCHEME: &str = "http://";
+
+/// The header giving the JSON part's length when binary data follows it.
+const HEADER_LEN: &str = "inference-header-content-length";
+
+/// Room for the JSON on top of the agent's `max_payload`.
+const BODY_OVERHEAD: u64 = 1 << 20;
+
+/// The `HOST:PORT` of an `http://HOST:PORT` URI (port 0 picks a free one).
+pub fn parse_http_uri(uri: &str) -> Result<&str, FrontendError> {
+    parse_host_port(uri, HTTP_SCHEME, "HTTP")
+}
+
+/// A running KServe v2 HTTP/REST front door.
+///
+/// Dropping it without [`shutdown`](HttpFrontend::shutdown) stops it the
+/// same way. Either must happen outside any tokio runtime.
+#[derive(Debug)]
+pub struct HttpFrontend(Running);
+
+#[derive(Clone)]
+struct App {
+    core: Arc<AgentCore>,
+    shared: Arc<Shared>,
+    max_body: u64,
+}
+
+impl HttpFrontend {
+    /// Starts serving `core` on `listen` (`http://HOST:PORT`). Request
+    /// bodies over the core's `max_payload` plus 1 MiB are refused with 413
+    /// (on their Content-Length, before they are read).
+    pub fn start(listen: &str, core: Arc<AgentCore>) -> Result<HttpFrontend, FrontendError> {
+        let addr = parse_http_uri(listen)?;
+        let shared = Arc::new(Shared::default());
+        let app = App {
+            max_body: core.limits.max_payload.saturating_add(BODY_OVERHEAD),
+            core,
+            shared: shared.clone(),
+        };
+        let router = router(app);
+        Running::start(
+            listen,
+            addr,
+            HTTP_SCHEME,
+            "tw-http-frontend",
+            shared,
+            |listener, stopped| async move {
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            },
+        )
+        .map(HttpFrontend)
+    }
+
+    /// The URI it listens on, with the port it was given for port 0.
+    pub fn uri(&self) -> &str {
+        self.0.uri()
+    }
+
+    /// From now on `/v2/health/ready` answers 503.
+    pub fn set_not_ready(&self) {
+        self.0.set_not_ready();
+    }
+
+    /// Stops serving (graceful: requests in flight get up to 5 s).
+    pub fn shutdown(self) {
+        self.0.shutdown();
+    }
+}
+
+fn router(app: App) -> Router {
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(server_ready))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/versions/{version}", get(model_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(model_ready),
+        )
+        .route("/v2/models/{name}/infer", post(model_infer))
+        .route(
+            "/v2/models/{name}/versions/{version}/infer",
+            post(model_infer),
+        )
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
+        .with_state(app)
+}
+
+/// A KServe error body with `status`.
+fn error(status: StatusCode, message: &str) -> Response {
+    json_response(status, &json!({ "error": message }))
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    let mut r = (status, v.to_string()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The HTTP answer to a refusal from the shared path.
+fn status_response(s: &Status) -> Response {
+    let code = match s.code() {
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
+        Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(code, s.message())
+}
+
+fn bad(message: impl Into<String>) -> Status {
+    Status::invalid_argument(message.into())
+}
+
+fn name_version(p: &HashMap<String, String>) -> (String, String) {
+    (
+        p.get("name").cloned().unwrap_or_default(),
+        p.get("version").cloned().unwrap_or_default(),
+    )
+}
+
+async fn server_metadata() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "name": "tensorwire",
+            "version": env!("CARGO_PKG_VERSION"),
+            "extensions": ["binary_tensor_data"],
+        }),
+    )
+}
+
+async fn server_ready(State(app): State<App>) -> StatusCode {
+    if app.shared.ready(&app.core) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn model_ready(State(app): State<App>, Path(p): Path<HashMap<String, String>>) -> Response {
+    let (name, version) = name_version(&p);
+    if let Err(s) = find_model(&app.core, &name, &version) {
+        return status_response(&s);
+    }
+    if app.shared.ready(&app.core) {
+        StatusCode::OK.into_response()
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the agent is shutting down",
+        )
+    }
+}
+
+async fn model_metadata(
+    State(app): State<App>,
+    Path(p): Path<HashMap<String, String>>,
+) -> Response {
+    let (name, version) = name_version(&p);
+    let model = match find_model(&app.core, &name, &version) {
+        Ok(m) => m,
+        Err(s) => return status_response(&s),
+    };
+    let sig = model.signature();
+    let tensors = |ts: &[wire::TensorSpec]| -> Vec<Value> {
+        ts.iter()
+            .map(|t| {
+                let m = metadata(t);
+                json!({ "name": m.name, "datatype": m.datatype, "shape": m.shape })
+            })
+            .collect()
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "name": sig.name,
+            "versions": [MODEL_VERSION],
+            "platform": platform(sig),
+            "inputs": tensors(&sig.inputs),
+            "outputs": tensors(&sig.outputs),
+        }),
+    )
+}
+
+async fn model_infer(
+    State(app): State<App>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let _call = InFlight::enter(&app.shared);
+    // Refuse an oversized body on its Content-Length, before reading it.
+    if let Some(len) = headers.get(header::CONTENT_LENGTH) {
+        match len.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+            Some(n) if n > app.max_body => {
+                return error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!(
+                        "the request body of {n} bytes is over the limit of {} bytes \
+                         (the agent's max_payload + 1 MiB)",
+                        app.max_body
+                    ),
+                )
+            }
+            Some(_) => {}
+            None => return error(StatusCode::BAD_REQUEST, "bad Content-Length header"),
+        }
+    }
+    let limit = usize::try_from(app.max_body).unwrap_or(usize::MAX);
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("cannot read the request body (over {limit} bytes?): {e}"),
+            )
+        }
+    };
+    let header_len = match headers.get(HEADER_LEN) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()) {
+            Some(n) if n <= body.len() => Some(n),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "bad Inference-Header-Content-Length: must be a number of bytes no \
+                         larger than the body ({} bytes)",
+                        body.len()
+                    ),
+                )
+            }
+        },
+    };
+    let (name, version) = name_version(&p);
+    let (core, shared) = (app.core.clone(), app.shared.clone());
+    let answer = tokio::task::spawn_blocking(move || {
+        infer(&core, &shared, &name, &version, body, header_len)
+    })
+    .await;
+    match answer {
+        Ok(Ok(r)) => r,
+        Ok(Err(s)) => status_response(&s),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the inference task failed: {e}"),
+        ),
+    }
+}
+
+/// A parsed JSON inference request.
+struct Request {
+    id: Option<Value>,
+    tensors: Vec<InferInputTensor>,
+    raw: Vec<Bytes>,
+    /// Requested outputs and whether each goes back as binary data.
+    outputs: Vec<(String, bool)>,
+    binary_default: bool,
+}
+
+fn infer(
+    core: &AgentCore,
+    shared: &Shared,
+    name: &str,
+    version: &str,
+    body: Bytes,
+    header_len: Option<usize>,
+) -> Result<Response, Status> {
+    // Model and version first, so an unknown one is a 404 whatever the body.
+    find_model(core, name, version)?;
+    let req = parse_request(&body, header_len)?;
+    let wanted: Vec<String> = req.outputs.iter().map(|(n, _)| n.clone()).collect();
+    let outputs = infer_over_core(core, shared, name, version, req.tensors, req.raw, &wanted)?;
+    let mut binary = Vec::new();
+    let mut json_outputs = Vec::with_capacity(outputs.len());
+    for o in outputs {
+        let as_binary = req
+            .outputs
+            .iter()
+            .find(|(n, _)| *n == o.name)
+            .map_or(req.binary_default, |(_, b)| *b);
+        let mut t = Map::new();
+        t.insert("name".into(), json!(o.name));
+        t.insert("datatype".into(), json!(o.datatype));
+        t.insert("shape".into(), json!(o.shape));
+        if as_binary {
+            t.insert(
+                "parameters".into(),
+                json!({ "binary_data_size": o.data.len() }),
+            );
+            binary.push(o.data);
+        } else {
+            t.insert("data".into(), to_json(&o)?);
+        }
+        json_outputs.push(Value::Object(t));
+    }
+    let mut resp = Map::new();
+    resp.insert("model_name".into(), json!(name));
+    resp.insert("model_version".into(), json!(MODEL_VERSION));
+    if let Some(id) = req.id {
+        resp.insert("id".into(), id);
+    }
+    resp.insert("outputs".into(), Value::Array(json_outputs));
+    let text = Value::Object(resp).to_string();
+    if binary.is_empty() {
+        let mut r = (StatusCode::OK, text).into_response();
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        return Ok(r);
+    }
+    let mut out = Vec::with_capacity(text.len() + binary.iter().map(Bytes::len).sum::<usize>());
+    out.extend_from_slice(text.as_bytes());
+    for b in &binary {
+        out.extend_from_slice(b);
+    }
+    let mut r = (StatusCode::OK, out).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(HEADER_LEN, HeaderValue::from(text.len()));
+    Ok(r)
+}
+
+fn parse_request(body: &Bytes, header_len: Option<usize>) -> Result<Request, Status> {
+    let json_len = header_len.unwrap_or(body.len());
+    let v: Value = serde_json::from_slice(&body[..json_len])
+        .map_err(|e| bad(format!("the request is not valid JSON: {e}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad("the request must be a JSON object"))?;
+    let params = obj.get("parameters");
+    let binary_default = match params.and_then(|p| p.get("binary_data_output")) {
+        None => false,
+        Some(b) => b
+            .as_bool()
+            .ok_or_else(|| bad("parameters.binary_data_output must be true or false"))?,
+    };
+    let inputs = obj
+        .get("inputs")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("the request needs an \"inputs\" list"))?;
+    let mut binary = body.slice(json_len..);
+    let mut tensors = Vec::with_capacity(inputs.len());
+    let mut raw = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        let t = t
+            .as_object()
+            .ok_or_else(|| bad(format!("inputs[{i}] must be an object")))?;
+        let name = t
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("inputs[{i}] needs a string \"name\"")))?
+            .to_string();
+        let datatype = t
+            .get("datatype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("input '{name}' needs a string \"datatype\"")))?
+            .to_string();
+        let shape = t
+            .get("shape")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad(format!("input '{name}' needs a \"shape\" list")))?
+            .iter()
+            .map(Value::as_i64)
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(|| bad(format!("input '{name}': shape must hold integers")))?;
+        let size = match t.get("parameters").and_then(|p| p.get("binary_data_size")) {
+            None => None,
+            Some(n) => Some(n.as_u64().ok_or_else(|| {
+                bad(format!(
+                    "input '{name}': binary_data_size must be a non-negative integer"
+                ))
+            })?),
+        };
+        let bytes = match size {
+            Some(n) => {
+                let n = usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n <= binary.len())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "input '{name}': binary_data_size {n} is more than the {} bytes \
+                             of binary data left in the body",
+                            binary.len()
+                        ))
+                    })?;
+                if t.get("data").is_some() {
+                    return Err(bad(format!(
+                        "input '{name}': has both binary data and \"data\""
+                    )));
+                }
+                binary.split_to(n)
+            }
+            None => {
+                let data = t
+                    .get("data")
+                    .ok_or_else(|| bad(format!("input '{name}' has no \"data\"")))?;
+                from_json(&name, &datatype, &shape, data)?
+            }
+        };
+        tensors.push(InferInputTensor {
+            name,
+            datatype,
+            shape,
+            ..Default::default()
+        });
+        raw.push(bytes);
+    }
+    if !binary.is_empty() {
+        return Err(bad(format!(
+            "{} bytes of binary data after the JSON are claimed by no input",
+            binary.len()
+        )));
+    }
+    let mut outputs = Vec::new();
+    if let Some(list) = obj.get("outputs") {
+        let list = list
+            .as_array()
+            .ok_or_else(|| bad("\"outputs\" must be a list"))?;
+        for (i, o) in list.iter().enumerate() {
+            let name = o
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(format!("outputs[{i}] needs a string \"name\"")))?;
+            let b = match o.get("parameters").and_then(|p| p.get("binary_data")) {
+                None => binary_default,
+                Some(b) => b.as_bool().ok_or_else(|| {
+                    bad(format!(
+                        "output '{name}': parameters.binary_data must be true or false"
+                    ))
+                })?,
+            };
+            outputs.push((name.to_string(), b));
+        }
+    }
+    Ok(Request {
+        id: obj.get("id").cloned(),
+        tensors,
+        raw,
+        outputs,
+        binary_default,
+    })
+}
+
+/// Flattens nested lists of JSON values into `out`.
+fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>, depth: usize) -> Result<(), ()> {
+    match v {
+        Value::Array(items) => {
+            if depth > wire::MAX_DIMS {
+                return Err(());
+            }
+            for i in items {
+                flatten(i, out, depth + 1)?;
+            }
+            Ok(())
+        }
+        other => {
+            out.push(other);
+            Ok(())
+        }
+    }
+}
+
+/// The little-endian bytes of JSON `data` for an input of `datatype` and
+/// `shape`, each value checked to fit.
+fn from_json(name: &str, datatype: &str, shape: &[i64], data: &Value) -> Result<Bytes, Status> {
+    let Some(dtype) = dtype_from_kserve(datatype) else {
+        // Let the shared checks name the datatype problem.
+        return Ok(Bytes::new());
+    };
+    let mut values = Vec::new();
+    flatten(data, &mut values, 0)
+        .map_err(|()| bad(format!("input '{name}': \"data\" is nested too deeply")))?;
+    let elements = shape.iter().try_fold(1u64, |acc, &d| {
+        u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    });
+    if let Some(n) = elements {
+        if values.len() as u64 != n {
+            return Err(bad(format!(
+                "input '{name}': its shape {shape:?} holds {n} {datatype} elements, but \
+                 \"data\" has {} values",
+                values.len()
+            )));
+        }
+    } else {
+        // Bad shape: the shared checks say why.
+        return Ok(Bytes::new());
+    }
+    let mut out = Vec::with_capacity(values.len() * dtype.size());
+    for (i, v) in values.iter().enumerate() {
+        let misfit = || {
+            bad(format!(
+                "input '{name}': data[{i}] ({v}) does not fit {datatype}"
+            ))
+        };
+        let int = || v.as_i64().ok_or_else(misfit);
+        let uint = || v.as_u64().ok_or_else(misfit);
+        let float = || v.as_f64().ok_or_else(misfit);
+        match dtype {
+            DType::Bool => out.push(u8::from(v.as_bool().ok_or_else(misfit)?)),
+            DType::I8 => out.extend(i8::try_from(int()?).map_err(|_| misfit())?.to_le_bytes()),
+            DType::I16 => out.extend(i16::try_from(int()?).map_err(|_| misfit())?.to_le_bytes()),
+            DType::I32 => out.extend(i32::try_from(int()?).map_err(|_| misfit())?.to_le_bytes()),
+            DType::I64 => out.extend(int()?.to_le_bytes()),
+            DType::U8 => out.extend(u8::try_from(uint()?).map_err(|_| misfit())?.to_le_bytes()),
+            DType::U16 => out.extend(u16::try_from(uint()?).map_err(|_| misfit())?.to_le_bytes()),
+            DType::U32 => out.extend(u32::try_from(uint()?).map_err(|_| misfit())?.to_le_bytes()),
+            DType::U64 => out.extend(uint()?.to_le_bytes()),
+            #[allow(clippy::cast_possible_truncation)]
+            DType::F32 => out.extend((float()? as f32).to_le_bytes()),
+            DType::F64 => out.extend(float()?.to_le_bytes()),
+            DType::F16 | DType::BF16 => {
+                return Err(bad(format!(
+                    "input '{name}': {datatype} is only accepted as binary data \
+                     (parameters.binary_data_size)"
+                )))
+            }
+        }
+    }
+    Ok(Bytes::from(out))
+}
+
+/// An output's bytes as a flat JSON list.
+fn to_json(o: &Output) -> Result<Value, Status> {
+    let dtype = dtype_from_kserve(o.datatype)
+        .ok_or_else(|| Status::internal(format!("output '{}': unknown datatype", o.name)))?;
+    let size = dtype.size();
+    if size == 0 || !o.data.len().is_multiple_of(size) {
+        return Err(Status::internal(format!(
+            "output '{}': {} bytes is not a whole number of {} elements",
+            o.name,
+            o.data.len(),
+            o.datatype
+        )));
+    }
+    let vals = o.data.chunks_exact(size).map(|c| -> Value {
+        let a = |n: usize| -> [u8; 8] {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(&c[..n]);
+            b
+        };
+        match dtype {
+            DType::Bool => json!(c[0] != 0),
+            DType::I8 => json!(i8::from_le_bytes([c[0]])),
+            DType::I16 => json!(i16::from_le_bytes([c[0], c[1]])),
+            DType::I32 => json!(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::I64 => json!(i64::from_le_bytes(a(8))),
+            DType::U8 => json!(c[0]),
+            DType::U16 => json!(u16::from_le_bytes([c[0], c[1]])),
+            DType::U32 => json!(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::U64 => json!(u64::from_le_bytes(a(8))),
+            DType::F32 => json!(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::F64 => json!(f64::from_le_bytes(a(8))),
+            DType::F16 => json!(half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::BF16 => json!(half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        }
+    });
+    Ok(Value::Array(vals.collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris() {
+        assert_eq!(
+            parse_http_uri("http://127.0.0.1:0").expect("ok"),
+            "127.0.0.1:0"
+        );
+        for b in ["grpc://h:1", "http://h", "http://h:1/v2"] {
+            assert!(parse_http_uri(b).is_err(), "{b}");
+        }
+    }
+
+    #[test]
+    fn json_and_binary_inputs() {
+        let body = br#"{"inputs":[{"name":"a","shape":[2,2],"datatype":"INT16","data":[[1,2],[3,-1]]},{"name":"b","shape":[2],"datatype":"BOOL","data":[true,false]},{"name":"c","shape":[1],"datatype":"FP16","parameters":{"binary_data_size":2}}]}"#;
+        let mut all = body.to_vec();
+        all.extend_from_slice(&[0x00, 0x3c]);
+        let r = parse_request(&Bytes::from(all), Some(body.len())).expect("ok");
+        assert_eq!(r.raw[0].as_ref(), &[1, 0, 2, 0, 3, 0, 0xff, 0xff]);
+        assert_eq!(r.raw[1].as_ref(), &[1, 0]);
+        assert_eq!(r.raw[2].as_ref(), &[0x00, 0x3c]);
+        for (b, needle) in [
+            (&br#"{"inputs":[{"name":"a","shape":[3],"datatype":"INT8","data":[1,2]}]}"#[..], "has 2 values"),
+            (br#"{"inputs":[{"name":"a","shape":[1],"datatype":"UINT8","data":[300]}]}"#, "does not fit"),
+            (br#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP16","data":[1.0]}]}"#, "binary data"),
+            (br#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":4}}]}"#, "more than"),
+            (br#"{"inputs":"#, "not valid JSON"),
+        ] {
+            let e = parse_request(&Bytes::copy_from_slice(b), None).err().expect("refused");
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.message().contains(needle), "{}", e.message());
+        }
+    }
+}
