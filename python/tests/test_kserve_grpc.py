@@ -6,14 +6,11 @@ InferenceServerException. Needs tritonclient[grpc] (skipped without it)."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
-from twtest import BUILD, ROOT, digits_sample, tensorwire_bin
+from twtest import BUILD, FrontDoorAgent, digits_sample
 
 grpcclient = pytest.importorskip(
     "tritonclient.grpc",
@@ -22,42 +19,9 @@ grpcclient = pytest.importorskip(
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
-class GrpcAgent:
-    """`tensorwire serve` with only a gRPC listener, in a child process."""
-
-    def __init__(self, models: dict) -> None:
-        args = [str(tensorwire_bin()), "serve", "--grace", "1"]
-        args += ["--listen", "grpc://127.0.0.1:0"]
-        for name, path in models.items():
-            args += ["--model", f"{name}={path}"]
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-        )
-        deadline = time.monotonic() + 60
-        self.uri = None
-        while self.uri is None:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"tensorwire serve exited: {self.proc.stderr.read()}")
-            if line.startswith("listening on grpc://"):
-                self.uri = line.split()[-1]
-            if time.monotonic() > deadline:
-                raise RuntimeError("tensorwire serve did not start in 60 s")
-        self.address = self.uri.removeprefix("grpc://")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def grpc_agent(mixed_model):
-    a = GrpcAgent({"digits": BUILD / "digits_mlp.onnx", "mixed": mixed_model})
+    a = FrontDoorAgent("grpc", {"digits": BUILD / "digits_mlp.onnx", "mixed": mixed_model})
     yield a
     a.stop()
 

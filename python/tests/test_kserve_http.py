@@ -6,14 +6,11 @@ InferenceServerException. Needs tritonclient[http] (skipped without it)."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
-from twtest import BUILD, ROOT, tensorwire_bin
+from twtest import BUILD, FrontDoorAgent
 
 httpclient = pytest.importorskip(
     "tritonclient.http",
@@ -22,42 +19,9 @@ httpclient = pytest.importorskip(
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
-class HttpAgent:
-    """`tensorwire serve` with only an HTTP listener, in a child process."""
-
-    def __init__(self, models: dict) -> None:
-        args = [str(tensorwire_bin()), "serve", "--grace", "1"]
-        args += ["--listen", "http://127.0.0.1:0"]
-        for name, path in models.items():
-            args += ["--model", f"{name}={path}"]
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-        )
-        deadline = time.monotonic() + 60
-        self.uri = None
-        while self.uri is None:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"tensorwire serve exited: {self.proc.stderr.read()}")
-            if line.startswith("listening on http://"):
-                self.uri = line.split()[-1]
-            if time.monotonic() > deadline:
-                raise RuntimeError("tensorwire serve did not start in 60 s")
-        self.address = self.uri.removeprefix("http://")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def http_agent():
-    a = HttpAgent({"digits": BUILD / "digits_mlp.onnx"})
+    a = FrontDoorAgent("http", {"digits": BUILD / "digits_mlp.onnx"})
     yield a
     a.stop()
     assert a.proc.returncode == 0, a.proc.stderr.read()

@@ -128,3 +128,37 @@ def rss_kib() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError("no VmRSS")
+
+
+class FrontDoorAgent:
+    """`tensorwire serve` with only a KServe front door (`scheme` is `grpc`
+    or `http`) on a free loopback port, in a child process; `address` is
+    the `HOST:PORT` tritonclient takes."""
+
+    def __init__(self, scheme: str, models: dict) -> None:
+        args = [str(tensorwire_bin()), "serve", "--grace", "1", "--listen", f"{scheme}://127.0.0.1:0"]
+        for name, path in models.items():
+            args += ["--model", f"{name}={path}"]
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        )
+        deadline = time.monotonic() + 60
+        self.uri = None
+        while self.uri is None:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"tensorwire serve exited: {self.proc.stderr.read()}")
+            if line.startswith(f"listening on {scheme}://"):
+                self.uri = line.split()[-1]
+            if time.monotonic() > deadline:
+                raise RuntimeError("tensorwire serve did not start in 60 s")
+        self.address = self.uri.removeprefix(f"{scheme}://")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
