@@ -5,6 +5,7 @@
 //! `infer_over_core` path.
 
 use crate::datatype::dtype_from_kserve;
+use crate::door::FrontDoor;
 use crate::proto::model_infer_request::InferInputTensor;
 use crate::server::{parse_host_port, FrontendError, Running};
 use crate::service::MODEL_VERSION;
@@ -46,21 +47,21 @@ pub struct HttpFrontend(Running);
 
 #[derive(Clone)]
 struct App {
-    core: Arc<AgentCore>,
+    door: Arc<FrontDoor>,
     shared: Arc<Shared>,
     max_body: u64,
 }
 
 impl HttpFrontend {
-    /// Starts serving `core` on `listen` (`http://HOST:PORT`). Request
+    /// Starts serving `door` on `listen` (`http://HOST:PORT`). Request
     /// bodies over the core's `max_payload` plus 1 MiB are refused with 413
     /// (on their Content-Length, before they are read).
-    pub fn start(listen: &str, core: Arc<AgentCore>) -> Result<HttpFrontend, FrontendError> {
+    pub fn start(listen: &str, door: Arc<FrontDoor>) -> Result<HttpFrontend, FrontendError> {
         let addr = parse_http_uri(listen)?;
         let shared = Arc::new(Shared::default());
         let app = App {
-            max_body: core.limits.max_payload.saturating_add(BODY_OVERHEAD),
-            core,
+            max_body: door.core.limits.max_payload.saturating_add(BODY_OVERHEAD),
+            door,
             shared: shared.clone(),
         };
         let router = router(app);
@@ -167,7 +168,7 @@ async fn server_metadata() -> Response {
 }
 
 async fn server_ready(State(app): State<App>) -> StatusCode {
-    if app.shared.ready(&app.core) {
+    if app.shared.ready(&app.door.core) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -176,10 +177,10 @@ async fn server_ready(State(app): State<App>) -> StatusCode {
 
 async fn model_ready(State(app): State<App>, Path(p): Path<HashMap<String, String>>) -> Response {
     let (name, version) = name_version(&p);
-    if let Err(s) = find_model(&app.core, &name, &version) {
+    if let Err(s) = find_model(&app.door.core, &name, &version) {
         return status_response(&s);
     }
-    if app.shared.ready(&app.core) {
+    if app.shared.ready(&app.door.core) {
         StatusCode::OK.into_response()
     } else {
         error(
@@ -194,7 +195,7 @@ async fn model_metadata(
     Path(p): Path<HashMap<String, String>>,
 ) -> Response {
     let (name, version) = name_version(&p);
-    let model = match find_model(&app.core, &name, &version) {
+    let model = match find_model(&app.door.core, &name, &version) {
         Ok(m) => m,
         Err(s) => return status_response(&s),
     };
@@ -270,7 +271,7 @@ async fn model_infer(
         },
     };
     let (name, version) = name_version(&p);
-    let (core, shared) = (app.core.clone(), app.shared.clone());
+    let (core, shared) = (app.door.core.clone(), app.shared.clone());
     let answer = tokio::task::spawn_blocking(move || {
         infer(&core, &shared, &name, &version, body, header_len)
     })

@@ -25,12 +25,14 @@
 //! runtime).
 
 pub mod datatype;
+mod door;
 mod http;
 mod inputs;
 mod server;
 mod service;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
+pub use door::FrontDoor;
 pub use http::{parse_http_uri, HttpFrontend, HTTP_SCHEME};
 pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
 pub use service::KServeService;

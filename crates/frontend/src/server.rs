@@ -2,10 +2,10 @@
 //! with its own tokio runtime, serving [`KServeService`] over an agent
 //! core until stopped.
 
+use crate::door::FrontDoor;
 use crate::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::service::{KServeService, Shared};
 use crate::{GRPC_SCHEME, MAX_MESSAGE_BYTES};
-use server::dispatch::AgentCore;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -86,18 +86,23 @@ pub fn parse_grpc_uri(uri: &str) -> Result<&str, FrontendError> {
 pub struct GrpcFrontend(pub(crate) Running);
 
 impl GrpcFrontend {
-    /// Starts serving `core` on `listen` (`grpc://HOST:PORT`). Returns once
+    /// Starts serving `door` on `listen` (`grpc://HOST:PORT`). Returns once
     /// the socket is listening. Requests larger than the core's
     /// `max_payload` (plus 1 MiB for the message's other fields) are
     /// refused by tonic with RESOURCE_EXHAUSTED before they are decoded.
-    pub fn start(listen: &str, core: Arc<AgentCore>) -> Result<GrpcFrontend, FrontendError> {
+    pub fn start(listen: &str, door: Arc<FrontDoor>) -> Result<GrpcFrontend, FrontendError> {
         let addr = parse_grpc_uri(listen)?;
-        let max_message = usize::try_from(core.limits.max_payload.saturating_add(MESSAGE_OVERHEAD))
-            .unwrap_or(MAX_MESSAGE_BYTES)
-            .min(MAX_MESSAGE_BYTES);
+        let max_message = usize::try_from(
+            door.core
+                .limits
+                .max_payload
+                .saturating_add(MESSAGE_OVERHEAD),
+        )
+        .unwrap_or(MAX_MESSAGE_BYTES)
+        .min(MAX_MESSAGE_BYTES);
         let shared = Arc::new(Shared::default());
         let service =
-            GrpcInferenceServiceServer::new(KServeService::with_shared(core, shared.clone()))
+            GrpcInferenceServiceServer::new(KServeService::with_shared(door, shared.clone()))
                 .max_decoding_message_size(max_message)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Running::start(

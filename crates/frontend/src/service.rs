@@ -12,6 +12,7 @@
 //! without a copy.
 
 use crate::datatype::kserve_datatype;
+use crate::door::FrontDoor;
 use crate::inputs::{gather, order_by_signature, Input};
 use crate::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::proto::model_infer_request::InferInputTensor;
@@ -45,7 +46,7 @@ pub const MODEL_VERSION: &str = "1";
 /// The KServe v2 gRPC service over an agent core.
 #[derive(Debug, Clone)]
 pub struct KServeService {
-    core: Arc<AgentCore>,
+    door: Arc<FrontDoor>,
     shared: Arc<Shared>,
 }
 
@@ -84,22 +85,22 @@ impl Drop for InFlight {
 }
 
 impl KServeService {
-    /// A service answering from `core`.
-    pub fn new(core: Arc<AgentCore>) -> KServeService {
-        KServeService::with_shared(core, Arc::new(Shared::default()))
+    /// A service answering from `door`.
+    pub fn new(door: Arc<FrontDoor>) -> KServeService {
+        KServeService::with_shared(door, Arc::new(Shared::default()))
     }
 
-    pub(crate) fn with_shared(core: Arc<AgentCore>, shared: Arc<Shared>) -> KServeService {
-        KServeService { core, shared }
+    pub(crate) fn with_shared(door: Arc<FrontDoor>, shared: Arc<Shared>) -> KServeService {
+        KServeService { door, shared }
     }
 
     fn ready(&self) -> bool {
-        self.shared.ready(&self.core)
+        self.shared.ready(&self.door.core)
     }
 
     /// The model `name` at `version` ("" or "1"), or NOT_FOUND.
     fn model(&self, name: &str, version: &str) -> Result<&ModelEntry, Status> {
-        find_model(&self.core, name, version)
+        find_model(&self.door.core, name, version)
     }
 }
 
@@ -194,7 +195,7 @@ impl GrpcInferenceService for KServeService {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let _call = InFlight::enter(&self.shared);
-        let core = self.core.clone();
+        let core = self.door.core.clone();
         let shared = self.shared.clone();
         let req = request.into_inner();
         let answer = tokio::task::spawn_blocking(move || infer(&core, &shared, req))
@@ -212,7 +213,7 @@ impl GrpcInferenceService for KServeService {
     ) -> Result<Response<InferStream>, Status> {
         let mut requests = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let core = self.core.clone();
+        let core = self.door.core.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
             loop {

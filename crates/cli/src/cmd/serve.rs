@@ -134,9 +134,12 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             describe(s)
         );
     }
+    // One front-door state for every KServe listener, as Triton has one
+    // server behind its HTTP and gRPC endpoints.
+    let door = frontend::FrontDoor::new(agent.core().clone());
     let mut frontends = Vec::with_capacity(grpc_listen.len());
     for l in &grpc_listen {
-        match frontend::GrpcFrontend::start(l, agent.core().clone()) {
+        match frontend::GrpcFrontend::start(l, door.clone()) {
             Ok(f) => frontends.push(f),
             Err(e) => {
                 drop(frontends);
@@ -147,7 +150,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     }
     let mut http_frontends = Vec::with_capacity(http_listen.len());
     for l in &http_listen {
-        match frontend::HttpFrontend::start(l, agent.core().clone()) {
+        match frontend::HttpFrontend::start(l, door.clone()) {
             Ok(f) => http_frontends.push(f),
             Err(e) => {
                 drop(http_frontends);
