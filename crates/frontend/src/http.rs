@@ -8,7 +8,6 @@ use crate::datatype::dtype_from_kserve;
 use crate::door::FrontDoor;
 use crate::proto::model_infer_request::InferInputTensor;
 use crate::server::{parse_host_port, FrontendError, Running};
-use crate::service::MODEL_VERSION;
 use crate::service::{find_model, infer_over_core, metadata, platform, InFlight, Output, Shared};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -212,7 +211,7 @@ async fn model_metadata(
         StatusCode::OK,
         &json!({
             "name": sig.name,
-            "versions": [MODEL_VERSION],
+            "versions": [model.version.to_string()],
             "platform": platform(sig),
             "inputs": tensors(&sig.inputs),
             "outputs": tensors(&sig.outputs),
@@ -305,7 +304,7 @@ fn infer(
     header_len: Option<usize>,
 ) -> Result<Response, Status> {
     // Model and version first, so an unknown one is a 404 whatever the body.
-    find_model(core, name, version)?;
+    let served_version = find_model(core, name, version)?.version;
     let req = parse_request(&body, header_len)?;
     let wanted: Vec<String> = req.outputs.iter().map(|(n, _)| n.clone()).collect();
     let outputs = infer_over_core(core, shared, name, version, req.tensors, req.raw, &wanted)?;
@@ -334,7 +333,7 @@ fn infer(
     }
     let mut resp = Map::new();
     resp.insert("model_name".into(), json!(name));
-    resp.insert("model_version".into(), json!(MODEL_VERSION));
+    resp.insert("model_version".into(), json!(served_version.to_string()));
     if let Some(id) = req.id {
         resp.insert("id".into(), id);
     }

@@ -39,10 +39,6 @@ use wire::{
     TensorDesc, TensorSpec, Timeline,
 };
 
-/// The only model version tensorwire serves (a model has one version;
-/// requests may also leave the version empty).
-pub const MODEL_VERSION: &str = "1";
-
 /// The KServe v2 gRPC service over an agent core.
 #[derive(Debug, Clone)]
 pub struct KServeService {
@@ -98,32 +94,29 @@ impl KServeService {
         self.shared.ready(&self.door.core)
     }
 
-    /// The model `name` at `version` ("" or "1"), or NOT_FOUND.
-    fn model(&self, name: &str, version: &str) -> Result<&ModelEntry, Status> {
+    /// The model `name` at `version` ("" or the served one), or NOT_FOUND.
+    fn model(&self, name: &str, version: &str) -> Result<Arc<ModelEntry>, Status> {
         find_model(&self.door.core, name, version)
     }
 }
 
-pub(crate) fn find_model<'a>(
-    core: &'a AgentCore,
+/// The model `name` at `version` (empty: whichever version is served), or
+/// NOT_FOUND naming what is served.
+pub(crate) fn find_model(
+    core: &AgentCore,
     name: &str,
     version: &str,
-) -> Result<&'a ModelEntry, Status> {
+) -> Result<Arc<ModelEntry>, Status> {
     let m = core.registry.find(name).ok_or_else(|| {
-        let known: Vec<String> = core
-            .registry
-            .iter()
-            .map(|m| m.signature().name.clone())
-            .collect();
         Status::not_found(format!(
             "unknown model '{name}' (served: {})",
-            known.join(", ")
+            core.registry.names().join(", ")
         ))
     })?;
-    if !version.is_empty() && version != MODEL_VERSION {
+    if !version.is_empty() && version != m.version.to_string() {
         return Err(Status::not_found(format!(
-            "model '{name}' has no version '{version}' (tensorwire serves version \
-             {MODEL_VERSION} only)"
+            "model '{name}' has no version '{version}' (version {} is served)",
+            m.version
         )));
     }
     Ok(m)
@@ -183,7 +176,7 @@ impl GrpcInferenceService for KServeService {
         let sig = model.signature();
         Ok(Response::new(ModelMetadataResponse {
             name: sig.name.clone(),
-            versions: vec![MODEL_VERSION.to_string()],
+            versions: vec![model.version.to_string()],
             platform: platform(sig).to_string(),
             inputs: sig.inputs.iter().map(metadata).collect(),
             outputs: sig.outputs.iter().map(metadata).collect(),
@@ -280,6 +273,9 @@ fn infer(
     mut req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Status> {
     let wanted: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+    let version = find_model(core, &req.model_name, &req.model_version)?
+        .version
+        .to_string();
     let outputs = infer_over_core(
         core,
         shared,
@@ -306,7 +302,7 @@ fn infer(
         .unzip();
     Ok(ModelInferResponse {
         model_name: req.model_name,
-        model_version: MODEL_VERSION.to_string(),
+        model_version: version,
         id: req.id,
         parameters: HashMap::new(),
         outputs: tensors,

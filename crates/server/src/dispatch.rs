@@ -79,8 +79,9 @@ impl Reply {
 /// A request that passed every check that does not need its payload.
 #[derive(Debug)]
 pub struct Prepared<'a> {
-    /// The model it is for.
-    pub model: &'a ModelEntry,
+    /// The model it is for (held: a model unloaded meanwhile finishes
+    /// this request).
+    pub model: Arc<ModelEntry>,
     /// Its tensors, validated.
     pub tensors: Vec<TensorDesc>,
     /// Its id.
@@ -264,6 +265,7 @@ impl AgentCore {
             Kind::ListModels => {
                 let list: Vec<_> = self
                     .registry
+                    .models()
                     .iter()
                     .map(|m| (m.id, m.signature().clone()))
                     .collect();
@@ -331,7 +333,8 @@ impl AgentCore {
                 id,
                 Status::UnknownModel,
                 &format!(
-                    "no model has id {} (resolve names with ModelQuery)",
+                    "no model has id {} (resolve names with ModelQuery; a model that was \
+                     unloaded or reloaded answers its old id no more)",
                     h.model_id
                 ),
             ))

@@ -1,19 +1,32 @@
-//! [`ModelRegistry`]: every model the agent serves, loaded once, by id and name.
+//! [`ModelRegistry`]: every model the agent serves, by id and name, and
+//! models loaded and unloaded while it runs.
 //!
-//! Ids are indexes, assigned at start-up; id 0 is always the built-in
-//! `identity` model. Clients resolve names to ids once per session.
+//! Ids are assigned in order and never reused; id 0 is always the built-in
+//! `identity` model. Clients resolve names to ids once per session; a model
+//! that is unloaded, or reloaded (which gives it a new id), answers its old
+//! id with `UnknownModel`, so a client never reaches a different model
+//! through an id it resolved earlier.
+//!
+//! Readers (every request looks its model up) take no lock: the table is
+//! an immutable snapshot behind an [`ArcSwap`], and a change (load, unload)
+//! publishes a new snapshot. A request holds its [`ModelEntry`] by `Arc`,
+//! so a model unloaded while requests run on it finishes them and is
+//! dropped (its engine sessions freed) when the last one answers.
 
 use crate::config::{AgentConfig, ModelConfig};
 use crate::queue::ModelQueue;
+use arc_swap::ArcSwap;
 use engine::{Backend, EngineError, IdentityBackend, OrtBackend, OrtOptions};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use wire::ModelSignature;
 
 /// One served model.
 pub struct ModelEntry {
     /// The model's id on the wire.
     pub id: u32,
+    /// The model's version (1 unless a model repository says otherwise).
+    pub version: u64,
     /// The loaded model.
     pub backend: Arc<dyn Backend>,
     /// Its queue.
@@ -40,11 +53,48 @@ impl std::fmt::Debug for ModelEntry {
     }
 }
 
-/// All models, immutable once the agent starts.
-#[derive(Debug, Default)]
-pub struct ModelRegistry {
-    by_id: Vec<ModelEntry>,
+/// A model to add: its backend, how many runs may execute at once, its
+/// version, and whether its backend writes outputs in place.
+#[derive(Clone)]
+pub struct NewModel {
+    /// The loaded backend.
+    pub backend: Arc<dyn Backend>,
+    /// Runs of it that may execute at once (its queue's width).
+    pub concurrency: usize,
+    /// Its version.
+    pub version: u64,
+    /// See [`ModelEntry::outputs_in_place`].
+    pub outputs_in_place: bool,
+}
+
+/// One published state of the registry.
+#[derive(Default)]
+struct Table {
+    /// Indexed by id; `None` for an id whose model was unloaded.
+    by_id: Vec<Option<Arc<ModelEntry>>>,
     by_name: HashMap<String, u32>,
+}
+
+/// All served models; see the module documentation.
+pub struct ModelRegistry {
+    table: ArcSwap<Table>,
+    /// Serialises writers (each copies the table, changes it, publishes).
+    write: Mutex<()>,
+}
+
+impl Default for ModelRegistry {
+    fn default() -> ModelRegistry {
+        ModelRegistry {
+            table: ArcSwap::from_pointee(Table::default()),
+            write: Mutex::new(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ModelRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.models()).finish()
+    }
 }
 
 impl ModelRegistry {
@@ -60,59 +110,146 @@ impl ModelRegistry {
     pub fn load(cfg: &AgentConfig) -> Result<ModelRegistry, EngineError> {
         let mut r = ModelRegistry::with_identity();
         for m in &cfg.models {
-            r.load_one(m, cfg)?;
+            let backend = load_onnx(m, cfg)?;
+            r.add_in_place(backend, m.concurrency);
         }
         Ok(r)
-    }
-
-    fn load_one(&mut self, m: &ModelConfig, cfg: &AgentConfig) -> Result<(), EngineError> {
-        let opts = OrtOptions {
-            intra_threads: cfg.intra_threads,
-            inter_threads: cfg.inter_threads,
-            sessions: m.concurrency,
-        };
-        let backend = OrtBackend::load(&m.name, &m.path, &opts)?;
-        self.add_in_place(Arc::new(backend), m.concurrency);
-        Ok(())
     }
 
     /// Adds a loaded backend (tests and embedders use this for custom
     /// backends); returns its id. Its outputs are taken from
     /// [`Backend::run`] (see [`ModelEntry::outputs_in_place`]).
     pub fn add(&mut self, backend: Arc<dyn Backend>, concurrency: usize) -> u32 {
-        self.push(backend, concurrency, false)
+        self.install(NewModel {
+            backend,
+            concurrency,
+            version: 1,
+            outputs_in_place: false,
+        })
     }
 
     /// Adds a backend whose [`Backend::run_into`] writes outputs straight
     /// into the buffers it is given (as [`OrtBackend`]'s does); returns its id.
     pub fn add_in_place(&mut self, backend: Arc<dyn Backend>, concurrency: usize) -> u32 {
-        self.push(backend, concurrency, true)
+        self.install(NewModel {
+            backend,
+            concurrency,
+            version: 1,
+            outputs_in_place: true,
+        })
     }
 
-    fn push(&mut self, backend: Arc<dyn Backend>, concurrency: usize, in_place: bool) -> u32 {
-        let id = self.by_id.len() as u32;
-        self.by_name.insert(backend.signature().name.clone(), id);
-        self.by_id.push(ModelEntry {
-            id,
-            backend,
-            queue: ModelQueue::new(concurrency),
-            outputs_in_place: in_place,
-        });
-        id
+    /// Serves `m` under its signature's name while the agent runs, with a
+    /// new id; a model already served under that name is replaced in the
+    /// same step (requests already running on it finish on it). Returns
+    /// the new id.
+    pub fn install(&self, m: NewModel) -> u32 {
+        self.update(|t| {
+            let id = t.by_id.len() as u32;
+            let name = m.backend.signature().name.clone();
+            if let Some(old) = t.by_name.insert(name, id) {
+                t.by_id[old as usize] = None;
+            }
+            t.by_id.push(Some(Arc::new(ModelEntry {
+                id,
+                version: m.version,
+                queue: ModelQueue::new(m.concurrency),
+                backend: m.backend,
+                outputs_in_place: m.outputs_in_place,
+            })));
+            id
+        })
+    }
+
+    /// Stops serving the model named `name`; returns it, or `None` when no
+    /// model has that name. Requests already running on it finish.
+    pub fn remove(&self, name: &str) -> Option<Arc<ModelEntry>> {
+        self.update(|t| {
+            let id = t.by_name.remove(name)?;
+            t.by_id.get_mut(id as usize).and_then(Option::take)
+        })
+    }
+
+    /// Copies the table, applies `change` and publishes the result.
+    fn update<R>(&self, change: impl FnOnce(&mut Table) -> R) -> R {
+        let _w = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        let cur = self.table.load();
+        let mut next = Table {
+            by_id: cur.by_id.clone(),
+            by_name: cur.by_name.clone(),
+        };
+        let r = change(&mut next);
+        self.table.store(Arc::new(next));
+        r
     }
 
     /// The model with this id.
-    pub fn get(&self, id: u32) -> Option<&ModelEntry> {
-        self.by_id.get(id as usize)
+    pub fn get(&self, id: u32) -> Option<Arc<ModelEntry>> {
+        self.table.load().by_id.get(id as usize)?.clone()
     }
 
     /// The model with this name.
-    pub fn find(&self, name: &str) -> Option<&ModelEntry> {
-        self.by_name.get(name).and_then(|&id| self.get(id))
+    pub fn find(&self, name: &str) -> Option<Arc<ModelEntry>> {
+        let t = self.table.load();
+        let id = *t.by_name.get(name)?;
+        t.by_id.get(id as usize)?.clone()
     }
 
-    /// Every model, in id order.
-    pub fn iter(&self) -> impl Iterator<Item = &ModelEntry> {
-        self.by_id.iter()
+    /// Every model served now, in id order.
+    pub fn models(&self) -> Vec<Arc<ModelEntry>> {
+        self.table.load().by_id.iter().flatten().cloned().collect()
+    }
+
+    /// The names of every model served now, in id order.
+    pub fn names(&self) -> Vec<String> {
+        self.models()
+            .iter()
+            .map(|m| m.signature().name.clone())
+            .collect()
+    }
+}
+
+/// Loads the ONNX model `m` with `cfg`'s ONNX Runtime settings.
+pub fn load_onnx(m: &ModelConfig, cfg: &AgentConfig) -> Result<Arc<dyn Backend>, EngineError> {
+    let opts = OrtOptions {
+        intra_threads: cfg.intra_threads,
+        inter_threads: cfg.inter_threads,
+        sessions: m.concurrency,
+    };
+    Ok(Arc::new(OrtBackend::load(&m.name, &m.path, &opts)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity_named(name: &str) -> NewModel {
+        NewModel {
+            backend: Arc::new(IdentityBackend::named(name)),
+            concurrency: 1,
+            version: 3,
+            outputs_in_place: false,
+        }
+    }
+
+    #[test]
+    fn install_replace_and_remove_never_reuse_ids() {
+        let r = ModelRegistry::with_identity();
+        let a = r.install(identity_named("a"));
+        assert_eq!(r.find("a").map(|m| (m.id, m.version)), Some((a, 3)));
+        let held = r.get(a).expect("installed");
+        let a2 = r.install(identity_named("a"));
+        assert_ne!(a, a2);
+        assert!(r.get(a).is_none(), "the replaced id answers nothing");
+        assert_eq!(r.find("a").map(|m| m.id), Some(a2));
+        // A request holding the old entry keeps it alive.
+        assert_eq!(held.signature().name, "a");
+        let removed = r.remove("a").expect("served");
+        assert_eq!(removed.id, a2);
+        assert!(r.find("a").is_none() && r.get(a2).is_none());
+        assert!(r.remove("a").is_none());
+        assert_eq!(r.names(), vec!["identity".to_string()]);
+        let b = r.install(identity_named("b"));
+        assert!(b > a2, "ids are never reused");
     }
 }

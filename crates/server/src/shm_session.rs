@@ -440,7 +440,7 @@ impl<'a> Session<'a> {
         tl: &mut Timeline,
     ) -> Result<Reply, Reply> {
         let core = self.core;
-        let model = p.model;
+        let model = &p.model;
         if model.outputs_in_place {
             let metas: Vec<(wire::DType, &[u64])> =
                 p.tensors.iter().map(|t| (t.dtype, &t.shape[..])).collect();

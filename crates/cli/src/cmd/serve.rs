@@ -125,7 +125,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         signal_hook::flag::register(sig, stop.clone())?;
     }
     let agent = Agent::start(cfg)?;
-    for m in agent.core().registry.iter() {
+    for m in agent.core().registry.models() {
         let s = m.signature();
         eprintln!(
             "tensorwire agent: model {} (id {}) {}",
