@@ -28,12 +28,15 @@ pub mod datatype;
 mod door;
 mod http;
 mod inputs;
+pub mod model_config;
+pub mod repository;
 mod server;
 mod service;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
 pub use door::FrontDoor;
 pub use http::{parse_http_uri, HttpFrontend, HTTP_SCHEME};
+pub use repository::{ControlMode, Repository, RepositoryError, RepositoryOptions};
 pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
 pub use service::KServeService;
 

@@ -29,5 +29,5 @@ mod shm_tests;
 
 pub use agent::{Agent, AgentStats};
 pub use config::{AgentConfig, ConfigError, ModelConfig};
-pub use registry::{ModelEntry, ModelRegistry};
+pub use registry::{ModelEntry, ModelRegistry, NewModel};
 pub use shm_session::ShmSettings;
