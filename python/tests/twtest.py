@@ -131,28 +131,36 @@ def rss_kib() -> int:
 
 
 class FrontDoorAgent:
-    """`tensorwire serve` with only a KServe front door (`scheme` is `grpc`
-    or `http`) on a free loopback port, in a child process; `address` is
-    the `HOST:PORT` tritonclient takes."""
+    """`tensorwire serve` with only KServe front doors on free loopback
+    ports, in a child process. `scheme` is `grpc` or `http`, or a list of
+    both (one agent behind both doors); `uris[scheme]` and
+    `addresses[scheme]` (the `HOST:PORT` tritonclient takes) for each, and
+    `uri` / `address` for the first."""
 
-    def __init__(self, scheme: str, models: dict) -> None:
-        args = [str(tensorwire_bin()), "serve", "--grace", "1", "--listen", f"{scheme}://127.0.0.1:0"]
+    def __init__(self, scheme, models: dict) -> None:
+        schemes = [scheme] if isinstance(scheme, str) else list(scheme)
+        args = [str(tensorwire_bin()), "serve", "--grace", "1"]
+        for s in schemes:
+            args += ["--listen", f"{s}://127.0.0.1:0"]
         for name, path in models.items():
             args += ["--model", f"{name}={path}"]
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
         )
         deadline = time.monotonic() + 60
-        self.uri = None
-        while self.uri is None:
+        self.uris = {}
+        while len(self.uris) < len(schemes):
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"tensorwire serve exited: {self.proc.stderr.read()}")
-            if line.startswith(f"listening on {scheme}://"):
-                self.uri = line.split()[-1]
+            for s in schemes:
+                if line.startswith(f"listening on {s}://"):
+                    self.uris[s] = line.split()[-1]
             if time.monotonic() > deadline:
                 raise RuntimeError("tensorwire serve did not start in 60 s")
-        self.address = self.uri.removeprefix(f"{scheme}://")
+        self.addresses = {s: u.removeprefix(f"{s}://") for s, u in self.uris.items()}
+        self.uri = self.uris[schemes[0]]
+        self.address = self.addresses[schemes[0]]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -5,8 +5,9 @@
 //! shared-memory region registered over HTTP can be used by a gRPC
 //! request, a model loaded over gRPC is ready over HTTP. `FrontDoor` is
 //! that state for tensorwire: the agent's core, and what the extensions
-//! add next to it.
+//! add next to it (the system shared-memory regions, [`SystemShm`]).
 
+use crate::sysshm::SystemShm;
 use server::dispatch::AgentCore;
 use std::sync::Arc;
 
@@ -15,12 +16,17 @@ use std::sync::Arc;
 pub struct FrontDoor {
     /// The agent's core: registry, limits, queues, counters.
     pub(crate) core: Arc<AgentCore>,
+    /// The registered system shared-memory regions (Triton's extension).
+    pub(crate) shm: SystemShm,
 }
 
 impl FrontDoor {
     /// Front-door state over `core`.
     pub fn new(core: Arc<AgentCore>) -> Arc<FrontDoor> {
-        Arc::new(FrontDoor { core })
+        Arc::new(FrontDoor {
+            core,
+            shm: SystemShm::default(),
+        })
     }
 
     /// The agent's core.

@@ -1,14 +1,21 @@
 //! [`HttpFrontend`]: the KServe v2 HTTP/REST listener on
-//! `http://HOST:PORT` (axum on its own tokio runtime), with JSON tensors
-//! and the binary tensor data extension. Each inference is turned into the
-//! gRPC front door's input tensors and run through the same
-//! `infer_over_core` path.
+//! `http://HOST:PORT` (axum on its own tokio runtime), with JSON tensors,
+//! the binary tensor data extension and Triton's system shared-memory
+//! extension (`/v2/systemsharedmemory/...`, and `shared_memory_*` tensor
+//! parameters). Each inference is turned into the gRPC front door's input
+//! tensors and run through the same `infer_over_core` path.
 
 use crate::datatype::dtype_from_kserve;
 use crate::door::FrontDoor;
+use crate::proto::infer_parameter::ParameterChoice;
 use crate::proto::model_infer_request::InferInputTensor;
+use crate::proto::InferParameter;
 use crate::server::{parse_host_port, FrontendError, Running};
-use crate::service::{find_model, infer_over_core, metadata, platform, InFlight, Output, Shared};
+use crate::service::EXTENSIONS;
+use crate::service::{
+    find_model, infer_over_core, metadata, platform, InFlight, Output, Requested, Shared,
+};
+use crate::sysshm::{shm_ref, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -17,7 +24,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
-use server::dispatch::AgentCore;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::{Code, Status};
@@ -114,6 +120,23 @@ fn router(app: App) -> Router {
             "/v2/models/{name}/versions/{version}/infer",
             post(model_infer),
         )
+        .route("/v2/systemsharedmemory/status", get(shm_status))
+        .route(
+            "/v2/systemsharedmemory/region/{name}/status",
+            get(shm_region_status),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{name}/register",
+            post(shm_register),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{name}/unregister",
+            post(shm_unregister),
+        )
+        .route(
+            "/v2/systemsharedmemory/unregister",
+            post(shm_unregister_all),
+        )
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(app)
 }
@@ -139,6 +162,8 @@ fn status_response(s: &Status) -> Response {
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        Code::AlreadyExists => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(code, s.message())
@@ -156,12 +181,14 @@ fn name_version(p: &HashMap<String, String>) -> (String, String) {
 }
 
 async fn server_metadata() -> Response {
+    let mut extensions = vec!["binary_tensor_data"];
+    extensions.extend_from_slice(EXTENSIONS);
     json_response(
         StatusCode::OK,
         &json!({
             "name": "tensorwire",
             "version": env!("CARGO_PKG_VERSION"),
-            "extensions": ["binary_tensor_data"],
+            "extensions": extensions,
         }),
     )
 }
@@ -270,9 +297,9 @@ async fn model_infer(
         },
     };
     let (name, version) = name_version(&p);
-    let (core, shared) = (app.door.core.clone(), app.shared.clone());
+    let (door, shared) = (app.door.clone(), app.shared.clone());
     let answer = tokio::task::spawn_blocking(move || {
-        infer(&core, &shared, &name, &version, body, header_len)
+        infer(&door, &shared, &name, &version, body, header_len)
     })
     .await;
     match answer {
@@ -291,12 +318,12 @@ struct Request {
     tensors: Vec<InferInputTensor>,
     raw: Vec<Bytes>,
     /// Requested outputs and whether each goes back as binary data.
-    outputs: Vec<(String, bool)>,
+    outputs: Vec<(Requested, bool)>,
     binary_default: bool,
 }
 
 fn infer(
-    core: &AgentCore,
+    door: &FrontDoor,
     shared: &Shared,
     name: &str,
     version: &str,
@@ -304,23 +331,33 @@ fn infer(
     header_len: Option<usize>,
 ) -> Result<Response, Status> {
     // Model and version first, so an unknown one is a 404 whatever the body.
-    let served_version = find_model(core, name, version)?.version;
+    let served_version = find_model(&door.core, name, version)?.version;
     let req = parse_request(&body, header_len)?;
-    let wanted: Vec<String> = req.outputs.iter().map(|(n, _)| n.clone()).collect();
-    let outputs = infer_over_core(core, shared, name, version, req.tensors, req.raw, &wanted)?;
+    let wanted: Vec<Requested> = req.outputs.iter().map(|(r, _)| r.clone()).collect();
+    let outputs = infer_over_core(door, shared, name, version, req.tensors, req.raw, &wanted)?;
     let mut binary = Vec::new();
     let mut json_outputs = Vec::with_capacity(outputs.len());
     for o in outputs {
         let as_binary = req
             .outputs
             .iter()
-            .find(|(n, _)| *n == o.name)
+            .find(|(r, _)| r.name == o.name)
             .map_or(req.binary_default, |(_, b)| *b);
         let mut t = Map::new();
         t.insert("name".into(), json!(o.name));
         t.insert("datatype".into(), json!(o.datatype));
         t.insert("shape".into(), json!(o.shape));
-        if as_binary {
+        if let Some(p) = &o.shm {
+            // Written into shared memory: where, and no data here.
+            t.insert(
+                "parameters".into(),
+                json!({
+                    PARAM_REGION: p.region,
+                    PARAM_OFFSET: p.offset,
+                    PARAM_BYTE_SIZE: p.byte_size,
+                }),
+            );
+        } else if as_binary {
             t.insert(
                 "parameters".into(),
                 json!({ "binary_data_size": o.data.len() }),
@@ -405,6 +442,27 @@ fn parse_request(body: &Bytes, header_len: Option<usize>) -> Result<Request, Sta
             .map(Value::as_i64)
             .collect::<Option<Vec<i64>>>()
             .ok_or_else(|| bad(format!("input '{name}': shape must hold integers")))?;
+        let params = shm_parameters("input", &name, t.get("parameters"))?;
+        if params.contains_key(PARAM_REGION) {
+            // In shared memory: no bytes in the body.
+            if t.get("data").is_some()
+                || t.get("parameters")
+                    .and_then(|p| p.get("binary_data_size"))
+                    .is_some()
+            {
+                return Err(bad(format!(
+                    "input '{name}': has both shared memory and data in the request"
+                )));
+            }
+            tensors.push(InferInputTensor {
+                name,
+                datatype,
+                shape,
+                parameters: params,
+                ..Default::default()
+            });
+            continue;
+        }
         let size = match t.get("parameters").and_then(|p| p.get("binary_data_size")) {
             None => None,
             Some(n) => Some(n.as_u64().ok_or_else(|| {
@@ -443,6 +501,7 @@ fn parse_request(body: &Bytes, header_len: Option<usize>) -> Result<Request, Sta
             name,
             datatype,
             shape,
+            parameters: params,
             ..Default::default()
         });
         raw.push(bytes);
@@ -471,7 +530,12 @@ fn parse_request(body: &Bytes, header_len: Option<usize>) -> Result<Request, Sta
                     ))
                 })?,
             };
-            outputs.push((name.to_string(), b));
+            let params = shm_parameters("output", name, o.get("parameters"))?;
+            let requested = Requested {
+                name: name.to_string(),
+                shm: shm_ref("output", name, &params)?,
+            };
+            outputs.push((requested, b));
         }
     }
     Ok(Request {
@@ -481,6 +545,130 @@ fn parse_request(body: &Bytes, header_len: Option<usize>) -> Result<Request, Sta
         outputs,
         binary_default,
     })
+}
+
+/// The `shared_memory_*` entries of a tensor's JSON `parameters`, as the
+/// gRPC door's parameters (checked by `sysshm::shm_ref`): the region a
+/// string, the byte size and offset non-negative integers.
+fn shm_parameters(
+    kind: &str,
+    name: &str,
+    params: Option<&Value>,
+) -> Result<HashMap<String, InferParameter>, Status> {
+    let mut out = HashMap::new();
+    let Some(p) = params else {
+        return Ok(out);
+    };
+    if let Some(v) = p.get(PARAM_REGION) {
+        let region = v.as_str().ok_or_else(|| {
+            bad(format!(
+                "{kind} '{name}': parameters.{PARAM_REGION} must be a string"
+            ))
+        })?;
+        out.insert(
+            PARAM_REGION.to_string(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::StringParam(region.to_string())),
+            },
+        );
+    }
+    for key in [PARAM_BYTE_SIZE, PARAM_OFFSET] {
+        if let Some(v) = p.get(key) {
+            let n = v.as_u64().ok_or_else(|| {
+                bad(format!(
+                    "{kind} '{name}': parameters.{key} must be a non-negative integer"
+                ))
+            })?;
+            out.insert(
+                key.to_string(),
+                InferParameter {
+                    parameter_choice: Some(ParameterChoice::Uint64Param(n)),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// `GET /v2/systemsharedmemory/status`: every registered region.
+async fn shm_status(State(app): State<App>) -> Response {
+    shm_status_of(&app, None)
+}
+
+/// `GET /v2/systemsharedmemory/region/{name}/status`: one region (404 if
+/// unknown).
+async fn shm_region_status(State(app): State<App>, Path(name): Path<String>) -> Response {
+    shm_status_of(&app, Some(&name))
+}
+
+fn shm_status_of(app: &App, name: Option<&str>) -> Response {
+    match app.door.shm.status(name) {
+        Ok(regions) => {
+            let list: Vec<Value> = regions
+                .into_iter()
+                .map(|r| {
+                    json!({
+                        "name": r.name,
+                        "key": r.key,
+                        "offset": r.offset,
+                        "byte_size": r.byte_size,
+                    })
+                })
+                .collect();
+            json_response(StatusCode::OK, &Value::Array(list))
+        }
+        Err(s) => status_response(&s),
+    }
+}
+
+/// `POST /v2/systemsharedmemory/region/{name}/register` with
+/// `{"key": "/k", "offset": 0, "byte_size": n}` (offset optional).
+async fn shm_register(State(app): State<App>, Path(name): Path<String>, body: Bytes) -> Response {
+    let parsed = (|| -> Result<(String, u64, u64), Status> {
+        let v: Value = serde_json::from_slice(&body).map_err(|e| {
+            bad(format!(
+                "the register request is not valid JSON ({e}); expected                  {{\"key\": ..., \"offset\": ..., \"byte_size\": ...}}"
+            ))
+        })?;
+        let key = v
+            .get("key")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("the register request needs a string \"key\""))?;
+        let number = |field: &str, default: Option<u64>| -> Result<u64, Status> {
+            match v.get(field) {
+                None => {
+                    default.ok_or_else(|| bad(format!("the register request needs \"{field}\"")))
+                }
+                Some(n) => n
+                    .as_u64()
+                    .ok_or_else(|| bad(format!("\"{field}\" must be a non-negative integer"))),
+            }
+        };
+        Ok((
+            key.to_string(),
+            number("offset", Some(0))?,
+            number("byte_size", None)?,
+        ))
+    })();
+    let result = parsed
+        .and_then(|(key, offset, byte_size)| app.door.shm.register(&name, &key, offset, byte_size));
+    match result {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(s) => status_response(&s),
+    }
+}
+
+/// `POST /v2/systemsharedmemory/region/{name}/unregister` (an unknown
+/// name is not an error, as in Triton).
+async fn shm_unregister(State(app): State<App>, Path(name): Path<String>) -> StatusCode {
+    app.door.shm.unregister(&name);
+    StatusCode::OK
+}
+
+/// `POST /v2/systemsharedmemory/unregister`: every region.
+async fn shm_unregister_all(State(app): State<App>) -> StatusCode {
+    app.door.shm.unregister_all();
+    StatusCode::OK
 }
 
 /// Flattens nested lists of JSON values into `out`.
@@ -611,6 +799,36 @@ mod tests {
         );
         for b in ["grpc://h:1", "http://h", "http://h:1/v2"] {
             assert!(parse_http_uri(b).is_err(), "{b}");
+        }
+    }
+
+    #[test]
+    fn shared_memory_parameters() {
+        let body = br#"{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","parameters":{"shared_memory_region":"r","shared_memory_byte_size":8,"shared_memory_offset":64}},{"name":"b","shape":[1],"datatype":"UINT8","data":[7]}],"outputs":[{"name":"a","parameters":{"binary_data":false,"shared_memory_region":"o","shared_memory_byte_size":8}},{"name":"b"}]}"#;
+        let r = parse_request(&Bytes::from_static(body), None).expect("ok");
+        assert_eq!(r.raw.len(), 1, "raw bytes only for the input not in shm");
+        assert_eq!(r.raw[0].as_ref(), &[7]);
+        let at = shm_ref("input", "a", &r.tensors[0].parameters).expect("params");
+        assert_eq!(
+            at.map(|a| (a.region, a.offset, a.byte_size)),
+            Some(("r".into(), 64, 8))
+        );
+        let out = r.outputs[0].0.shm.clone().expect("output a in shm");
+        assert_eq!(
+            (out.region.as_str(), out.offset, out.byte_size),
+            ("o", 0, 8)
+        );
+        assert!(r.outputs[1].0.shm.is_none());
+        for (b, needle) in [
+            (&br#"{"inputs":[{"name":"a","shape":[1],"datatype":"UINT8","data":[1],"parameters":{"shared_memory_region":"r","shared_memory_byte_size":1}}]}"#[..], "both shared memory and data"),
+            (br#"{"inputs":[{"name":"a","shape":[1],"datatype":"UINT8","parameters":{"shared_memory_region":3,"shared_memory_byte_size":1}}]}"#, "must be a string"),
+            (br#"{"inputs":[{"name":"a","shape":[1],"datatype":"UINT8","parameters":{"shared_memory_region":"r","shared_memory_byte_size":-1}}]}"#, "non-negative integer"),
+            (br#"{"inputs":[],"outputs":[{"name":"y","parameters":{"shared_memory_region":"r"}}]}"#, "must be given"),
+            (br#"{"inputs":[],"outputs":[{"name":"y","parameters":{"shared_memory_offset":4}}]}"#, "need"),
+        ] {
+            let e = parse_request(&Bytes::copy_from_slice(b), None).err().expect("refused");
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.message().contains(needle), "{}", e.message());
         }
     }
 

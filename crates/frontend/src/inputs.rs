@@ -1,17 +1,20 @@
 //! A `ModelInferRequest`'s input tensors, checked from the wire and
 //! gathered into bytes the agent can run on: datatype, shape, byte count,
-//! raw or typed contents (never both), the agent's payload limit, and the
-//! names against the model's signature. Every refusal names the input.
+//! raw or typed contents (never both) or a place in a registered
+//! shared-memory region (`shared_memory_*` parameters, whose byte size must
+//! be the tensor's), the agent's payload limit, and the names against the
+//! model's signature. Every refusal names the input.
 
 use crate::datatype::{dtype_from_kserve, SUPPORTED};
 use crate::proto::model_infer_request::InferInputTensor;
 use crate::proto::InferTensorContents;
+use crate::sysshm::{shm_ref, ShmRef};
 use bytes::Bytes;
 use tonic::Status;
 use wire::{DType, ModelSignature, MAX_DIMS};
 
 /// One input, checked: `data` holds exactly `product(shape) × dtype.size()`
-/// little-endian bytes.
+/// little-endian bytes (once leased, for an input in shared memory).
 #[derive(Debug)]
 pub(crate) struct Input {
     /// The name the client gave it.
@@ -20,29 +23,44 @@ pub(crate) struct Input {
     pub dtype: DType,
     /// Its dimensions.
     pub shape: Vec<u64>,
-    /// Its bytes (the request's own buffer for raw contents: no copy).
+    /// Its bytes (the request's own buffer for raw contents, the region's
+    /// memory for an input in shared memory: no copy). Empty for an input
+    /// in shared memory until its region is leased.
     pub data: Bytes,
+    /// Where it lies in a registered shared-memory region, if it does.
+    pub shm: Option<ShmRef>,
 }
 
 /// Checks and gathers the inputs of a request (`raw` its
-/// `raw_input_contents`), refusing any whose bytes would take the total
-/// over `max_payload`.
+/// `raw_input_contents`, one per input not in shared memory, in order),
+/// refusing any whose bytes would take the total over `max_payload`.
 pub(crate) fn gather(
     tensors: Vec<InferInputTensor>,
     raw: Vec<Bytes>,
     max_payload: u64,
 ) -> Result<Vec<Input>, Status> {
-    if !raw.is_empty() && raw.len() != tensors.len() {
+    let refs = tensors
+        .iter()
+        .map(|t| shm_ref("input", &t.name, &t.parameters))
+        .collect::<Result<Vec<_>, _>>()?;
+    let inline = refs.iter().filter(|r| r.is_none()).count();
+    if !raw.is_empty() && raw.len() != inline {
+        let shm = tensors.len() - inline;
+        let also = if shm > 0 {
+            format!(" ({shm} more in shared memory take none)")
+        } else {
+            String::new()
+        };
         return Err(Status::invalid_argument(format!(
-            "{} inputs but {} raw_input_contents: give raw contents for every input or for none",
-            tensors.len(),
+            "{inline} inputs{also} but {} raw_input_contents: give raw contents for every \
+             input not in shared memory or for none",
             raw.len()
         )));
     }
     let mut raw = raw.into_iter();
     let mut total = 0u64;
     let mut out: Vec<Input> = Vec::with_capacity(tensors.len());
-    for t in tensors {
+    for (t, shm) in tensors.into_iter().zip(refs) {
         let name = t.name;
         if out.iter().any(|i| i.name == name) {
             return Err(Status::invalid_argument(format!(
@@ -65,30 +83,46 @@ pub(crate) fn gather(
                  agent's max_payload of {max_payload}"
             )));
         }
-        let data = match raw.next() {
-            Some(bytes) => {
-                if t.contents.as_ref().is_some_and(has_values) {
-                    return Err(Status::invalid_argument(format!(
-                        "input '{name}': has both raw_input_contents and typed contents"
-                    )));
-                }
-                if bytes.len() as u64 != len {
-                    return Err(Status::invalid_argument(format!(
-                        "input '{name}': {}{:?} needs {len} bytes, its raw_input_contents has {}",
-                        t.datatype,
-                        t.shape,
-                        bytes.len()
-                    )));
-                }
-                bytes
+        let data = if let Some(at) = &shm {
+            if t.contents.as_ref().is_some_and(has_values) {
+                return Err(Status::invalid_argument(format!(
+                    "input '{name}': has both shared memory and typed contents"
+                )));
             }
-            None => {
-                let empty = InferTensorContents::default();
-                let contents = t.contents.as_ref().unwrap_or(&empty);
-                // `len` fits the payload limit, so the element count fits
-                // memory too.
-                let n = usize::try_from(elements).map_err(|_| too_large(&name, &t.shape))?;
-                Bytes::from(typed(&name, &t.datatype, dtype, n, contents)?)
+            if at.byte_size != len {
+                return Err(Status::invalid_argument(format!(
+                    "input '{name}': {}{:?} needs {len} bytes, its shared_memory_byte_size is {}",
+                    t.datatype, t.shape, at.byte_size
+                )));
+            }
+            Bytes::new()
+        } else {
+            match raw.next() {
+                Some(bytes) => {
+                    if t.contents.as_ref().is_some_and(has_values) {
+                        return Err(Status::invalid_argument(format!(
+                            "input '{name}': has both raw_input_contents and typed contents"
+                        )));
+                    }
+                    if bytes.len() as u64 != len {
+                        return Err(Status::invalid_argument(format!(
+                            "input '{name}': {}{:?} needs {len} bytes, its raw_input_contents \
+                             has {}",
+                            t.datatype,
+                            t.shape,
+                            bytes.len()
+                        )));
+                    }
+                    bytes
+                }
+                None => {
+                    let empty = InferTensorContents::default();
+                    let contents = t.contents.as_ref().unwrap_or(&empty);
+                    // `len` fits the payload limit, so the element count fits
+                    // memory too.
+                    let n = usize::try_from(elements).map_err(|_| too_large(&name, &t.shape))?;
+                    Bytes::from(typed(&name, &t.datatype, dtype, n, contents)?)
+                }
             }
         };
         out.push(Input {
@@ -96,6 +130,7 @@ pub(crate) fn gather(
             dtype,
             shape,
             data,
+            shm,
         });
     }
     Ok(out)
@@ -305,6 +340,77 @@ mod tests {
         });
         let typed = gather(vec![t], Vec::new(), 1 << 20).expect("typed");
         assert_eq!(typed[0].data.as_ref(), &[0xff, 0, 127]);
+    }
+
+    fn in_shm(name: &str, datatype: &str, shape: &[i64], byte_size: i64) -> InferInputTensor {
+        use crate::proto::infer_parameter::ParameterChoice;
+        use crate::proto::InferParameter;
+        let mut t = tensor(name, datatype, shape);
+        t.parameters.insert(
+            "shared_memory_region".into(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::StringParam("r".into())),
+            },
+        );
+        t.parameters.insert(
+            "shared_memory_byte_size".into(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::Int64Param(byte_size)),
+            },
+        );
+        t
+    }
+
+    #[test]
+    fn inputs_in_shared_memory_take_no_raw_contents() {
+        // Raw contents line up with the inputs not in shared memory.
+        let got = gather(
+            vec![
+                in_shm("a", "FP32", &[2], 8),
+                tensor("b", "UINT8", &[2]),
+                in_shm("c", "INT16", &[3], 6),
+                tensor("d", "UINT8", &[1]),
+            ],
+            vec![Bytes::from_static(&[1, 2]), Bytes::from_static(&[3])],
+            1 << 20,
+        )
+        .expect("mixed");
+        let shm: Vec<bool> = got.iter().map(|i| i.shm.is_some()).collect();
+        assert_eq!(shm, [true, false, true, false]);
+        assert_eq!(got[1].data.as_ref(), &[1, 2]);
+        assert_eq!(got[3].data.as_ref(), &[3]);
+        assert_eq!(got[2].shm.as_ref().map(|r| r.byte_size), Some(6));
+        // Wrong counts of raw contents, a byte size that is not the
+        // tensor's, and shared memory with contents are refused.
+        let (code, msg) = refused(gather(
+            vec![in_shm("a", "FP32", &[2], 8), tensor("b", "UINT8", &[2])],
+            vec![Bytes::from_static(&[1, 2]), Bytes::from_static(&[3])],
+            1 << 20,
+        ));
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(msg.contains("1 inputs (1 more in shared memory"), "{msg}");
+        let (_, msg) = refused(gather(
+            vec![in_shm("a", "FP32", &[2, 2], 8)],
+            vec![],
+            1 << 20,
+        ));
+        assert!(
+            msg.contains("'a'") && msg.contains("needs 16 bytes") && msg.contains("is 8"),
+            "{msg}"
+        );
+        let mut t = in_shm("a", "INT32", &[1], 4);
+        t.contents = Some(InferTensorContents {
+            int_contents: vec![1],
+            ..Default::default()
+        });
+        let (_, msg) = refused(gather(vec![t], vec![], 1 << 20));
+        assert!(
+            msg.contains("both shared memory and typed contents"),
+            "{msg}"
+        );
+        // The payload limit counts them too (as on native shm sessions).
+        let (code, _) = refused(gather(vec![in_shm("a", "UINT8", &[64], 64)], vec![], 32));
+        assert_eq!(code, tonic::Code::ResourceExhausted);
     }
 
     #[test]

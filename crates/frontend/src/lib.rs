@@ -14,15 +14,21 @@
 //! registry, limits, payload budget, per-model FIFO queue, counters and
 //! shutdown as a request that came over `unix://` or `shm://`.
 //!
+//! Both also serve Triton's system shared-memory extension (`sysshm`):
+//! clients register POSIX shared-memory regions, then send inputs and
+//! receive outputs through them instead of the socket; one registry serves
+//! both doors.
+//!
 //! Modules: [`proto`] (the messages and the tonic service and client,
 //! generated at build time from `proto/grpc_service.proto` by `protox` and
 //! `tonic-prost-build`, no `protoc` needed; the bench peer in
 //! `crates/peer-grpc` uses these same types), [`datatype`] (KServe datatype
 //! names), `inputs` (a request's tensors checked and gathered),
 //! `service` (the `GRPCInferenceService` over the core and the
-//! `infer_over_core` path both front doors share), `http` (the REST
-//! routes over that same path) and `server` (the listeners and their tokio
-//! runtime).
+//! `infer_over_core` path both front doors share), `sysshm` (the
+//! registered shared-memory regions and their use by requests), `http`
+//! (the REST routes over that same path), `door` (the state the doors
+//! share) and `server` (the listeners and their tokio runtime).
 
 pub mod datatype;
 mod door;
@@ -32,6 +38,7 @@ pub mod model_config;
 pub mod repository;
 mod server;
 mod service;
+mod sysshm;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
 pub use door::FrontDoor;

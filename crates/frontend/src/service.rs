@@ -1,5 +1,6 @@
 //! [`KServeService`]: `GRPCInferenceService` over the agent's
-//! [`AgentCore`].
+//! [`AgentCore`], and `infer_over_core`, the inference path both front
+//! doors share.
 //!
 //! `ModelInfer` checks the request from the wire (`inputs`), builds the
 //! same header and descriptor section a native client would send, and runs
@@ -10,23 +11,37 @@
 //! `raw_output_contents`; an output that is an unchanged input (identity)
 //! is the request's own buffer, an engine-allocated one is handed over
 //! without a copy.
+//!
+//! Triton's system shared-memory extension ([`crate::sysshm`]) rides on the
+//! same path: the `SystemSharedMemory*` calls manage the regions, an input
+//! with `shared_memory_*` parameters is read in place from its region, and
+//! a requested output with them is written into its region (by ONNX Runtime
+//! directly when its size is known before the run, else copied there once)
+//! and answered with its name, datatype, shape and those parameters, with
+//! an empty entry in `raw_output_contents`.
 
-use crate::datatype::kserve_datatype;
+use crate::datatype::{dtype_from_kserve, kserve_datatype};
 use crate::door::FrontDoor;
 use crate::inputs::{gather, order_by_signature, Input};
 use crate::proto::grpc_inference_service_server::GrpcInferenceService;
-use crate::proto::model_infer_request::InferInputTensor;
+use crate::proto::infer_parameter::ParameterChoice;
+use crate::proto::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 use crate::proto::model_infer_response::InferOutputTensor;
 use crate::proto::model_metadata_response::TensorMetadata;
+use crate::proto::system_shared_memory_status_response::RegionStatus;
 use crate::proto::{
-    ModelInferRequest, ModelInferResponse, ModelMetadataRequest, ModelMetadataResponse,
-    ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse, ServerLiveRequest,
-    ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest,
-    ServerReadyResponse,
+    InferParameter, ModelInferRequest, ModelInferResponse, ModelMetadataRequest,
+    ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse,
+    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse,
+    ServerReadyRequest, ServerReadyResponse, SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryRegisterResponse, SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
+    SystemSharedMemoryUnregisterResponse,
 };
+use crate::sysshm::{shm_ref, ShmOutput, ShmRef, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
 use bytes::Bytes;
 use engine::{OutputData, TensorView};
-use server::dispatch::{AgentCore, Reply};
+use server::dispatch::{AgentCore, Prepared, Reply};
 use server::ModelEntry;
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -35,9 +50,13 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use wire::{
-    decode_error_body, encode_tensor_section, layout_payload, AlignedBuf, Header, Kind, Stage,
-    TensorDesc, TensorSpec, Timeline,
+    decode_error_body, encode_tensor_section, layout_payload, AlignedBuf, DType, Header, Kind,
+    Placement, Stage, TensorDesc, TensorSpec, Timeline,
 };
+
+/// The named KServe/Triton extensions the front doors serve (server
+/// metadata's `extensions`; the HTTP door adds `binary_tensor_data`).
+pub const EXTENSIONS: &[&str] = &["system_shared_memory"];
 
 /// The KServe v2 gRPC service over an agent core.
 #[derive(Debug, Clone)]
@@ -161,9 +180,7 @@ impl GrpcInferenceService for KServeService {
         Ok(Response::new(ServerMetadataResponse {
             name: "tensorwire".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            // None of the named KServe/Triton extensions (model repository,
-            // shared memory, statistics, ...) is served.
-            extensions: Vec::new(),
+            extensions: EXTENSIONS.iter().map(|e| (*e).to_string()).collect(),
         }))
     }
 
@@ -188,10 +205,10 @@ impl GrpcInferenceService for KServeService {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let _call = InFlight::enter(&self.shared);
-        let core = self.door.core.clone();
+        let door = self.door.clone();
         let shared = self.shared.clone();
         let req = request.into_inner();
-        let answer = tokio::task::spawn_blocking(move || infer(&core, &shared, req))
+        let answer = tokio::task::spawn_blocking(move || infer(&door, &shared, req))
             .await
             .map_err(|e| Status::internal(format!("the inference task failed: {e}")))?;
         answer.map(Response::new)
@@ -206,7 +223,7 @@ impl GrpcInferenceService for KServeService {
     ) -> Result<Response<InferStream>, Status> {
         let mut requests = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let core = self.door.core.clone();
+        let door = self.door.clone();
         let shared = self.shared.clone();
         tokio::spawn(async move {
             loop {
@@ -219,8 +236,8 @@ impl GrpcInferenceService for KServeService {
                     }
                 };
                 let _call = InFlight::enter(&shared);
-                let (c, s) = (core.clone(), shared.clone());
-                let answer = match tokio::task::spawn_blocking(move || infer(&c, &s, req)).await {
+                let (d, s) = (door.clone(), shared.clone());
+                let answer = match tokio::task::spawn_blocking(move || infer(&d, &s, req)).await {
                     Ok(Ok(r)) => ModelStreamInferResponse {
                         error_message: String::new(),
                         infer_response: Some(r),
@@ -241,6 +258,59 @@ impl GrpcInferenceService for KServeService {
         });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    /// The status of one registered region, or of all of them for an empty
+    /// name; an unknown name is NOT_FOUND.
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        let name = request.into_inner().name;
+        let regions = self
+            .door
+            .shm
+            .status((!name.is_empty()).then_some(name.as_str()))?
+            .into_iter()
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    RegionStatus {
+                        name: r.name,
+                        key: r.key,
+                        offset: r.offset,
+                        byte_size: r.byte_size,
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(SystemSharedMemoryStatusResponse { regions }))
+    }
+
+    /// Registers a region (see [`crate::sysshm`] for the checks).
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        let r = request.into_inner();
+        self.door
+            .shm
+            .register(&r.name, &r.key, r.offset, r.byte_size)?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
+    }
+
+    /// Unregisters one region, or all of them for an empty name.
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        let name = request.into_inner().name;
+        if name.is_empty() {
+            self.door.shm.unregister_all();
+        } else {
+            self.door.shm.unregister(&name);
+        }
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 }
 
@@ -268,16 +338,16 @@ pub(crate) fn metadata(t: &TensorSpec) -> TensorMetadata {
 
 /// One `ModelInfer`, start to finish, on the calling (blocking) thread.
 fn infer(
-    core: &AgentCore,
+    door: &FrontDoor,
     shared: &Shared,
     mut req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Status> {
-    let wanted: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
-    let version = find_model(core, &req.model_name, &req.model_version)?
+    let wanted = requested(&req.outputs)?;
+    let version = find_model(&door.core, &req.model_name, &req.model_version)?
         .version
         .to_string();
     let outputs = infer_over_core(
-        core,
+        door,
         shared,
         &req.model_name,
         &req.model_version,
@@ -288,12 +358,15 @@ fn infer(
     let (tensors, raw) = outputs
         .into_iter()
         .map(|o| {
+            // An output in shared memory says where it is, and keeps its
+            // (empty) place in raw_output_contents, as Triton does.
+            let parameters = o.shm.as_ref().map(Placed::parameters).unwrap_or_default();
             (
                 InferOutputTensor {
                     name: o.name,
                     datatype: o.datatype.to_string(),
                     shape: o.shape,
-                    parameters: HashMap::new(),
+                    parameters,
                     contents: None,
                 },
                 o.data,
@@ -310,30 +383,93 @@ fn infer(
     })
 }
 
-/// One output of an inference: its KServe datatype, shape and bytes.
+/// The outputs a gRPC request names, each with its place in shared memory
+/// if it asks for one.
+fn requested(outputs: &[InferRequestedOutputTensor]) -> Result<Vec<Requested>, Status> {
+    outputs
+        .iter()
+        .map(|o| {
+            Ok(Requested {
+                name: o.name.clone(),
+                shm: shm_ref("output", &o.name, &o.parameters)?,
+            })
+        })
+        .collect()
+}
+
+/// An output a request names, and where it goes if it asks for a place in
+/// a registered shared-memory region.
+#[derive(Debug, Clone)]
+pub(crate) struct Requested {
+    pub name: String,
+    pub shm: Option<ShmRef>,
+}
+
+/// Where an output was written in shared memory.
+#[derive(Debug, Clone)]
+pub(crate) struct Placed {
+    /// The region.
+    pub region: String,
+    /// Where in the region the output starts.
+    pub offset: u64,
+    /// The bytes written (the output's size).
+    pub byte_size: u64,
+}
+
+impl Placed {
+    /// As the output's KServe parameters.
+    fn parameters(&self) -> HashMap<String, InferParameter> {
+        let int = |n: u64| InferParameter {
+            parameter_choice: Some(ParameterChoice::Int64Param(
+                i64::try_from(n).unwrap_or(i64::MAX),
+            )),
+        };
+        HashMap::from([
+            (
+                PARAM_REGION.to_string(),
+                InferParameter {
+                    parameter_choice: Some(ParameterChoice::StringParam(self.region.clone())),
+                },
+            ),
+            (PARAM_OFFSET.to_string(), int(self.offset)),
+            (PARAM_BYTE_SIZE.to_string(), int(self.byte_size)),
+        ])
+    }
+}
+
+/// One output of an inference: its KServe datatype, shape and bytes, or
+/// where it was written in shared memory (then `data` is empty).
 #[derive(Debug, Clone)]
 pub(crate) struct Output {
     pub name: String,
     pub datatype: &'static str,
     pub shape: Vec<i64>,
     pub data: Bytes,
+    pub shm: Option<Placed>,
 }
 
 /// The shared path of both front doors: finds the model, checks and
-/// gathers the inputs (`tensors` with `raw` bytes for all or none of them,
-/// as KServe v2 gRPC's `raw_input_contents`), builds the request a native
-/// client would send and runs it through `AgentCore::prepare` and
-/// `AgentCore::execute`. `wanted` names the outputs to return (all when
-/// empty). Runs on the calling (blocking) thread.
+/// gathers the inputs (`tensors` with `raw` bytes for all or none of those
+/// not in shared memory, as KServe v2 gRPC's `raw_input_contents`), leases
+/// the shared-memory bytes the request reads and writes (inputs are read
+/// where they are), builds the request a native client would send and runs
+/// it through `AgentCore::prepare` and the model. `wanted` names the
+/// outputs to return (all when empty), each written into shared memory if
+/// it asks: by the engine itself when it can write into caller buffers and
+/// the output sizes are known before the run (ONNX Runtime), else copied
+/// there once from the engine's output (counted in the core's
+/// `shm_output_bytes_in_place` / `_copied`). Runs on the calling (blocking)
+/// thread.
 pub(crate) fn infer_over_core(
-    core: &AgentCore,
+    door: &FrontDoor,
     shared: &Shared,
     model_name: &str,
     model_version: &str,
     tensors: Vec<InferInputTensor>,
     raw: Vec<Bytes>,
-    wanted: &[String],
+    wanted: &[Requested],
 ) -> Result<Vec<Output>, Status> {
+    let core = &*door.core;
     let model = find_model(core, model_name, model_version)?;
     if core.is_closing() {
         return Err(Status::unavailable(
@@ -342,12 +478,35 @@ pub(crate) fn infer_over_core(
     }
     let inputs = gather(tensors, raw, core.limits.max_payload)?;
     let sig = model.signature();
-    let inputs = order_by_signature(sig, inputs)?;
+    let mut inputs = order_by_signature(sig, inputs)?;
     requested_outputs(sig, wanted)?;
-    // The request as a native client would send it.
+
+    // Shared memory: lease the bytes the request reads and writes.
+    let shm_in: Vec<(String, ShmRef)> = inputs
+        .iter()
+        .filter_map(|i| Some((format!("input '{}'", i.name), i.shm.clone()?)))
+        .collect();
+    let shm_out: Vec<(String, ShmRef)> = wanted
+        .iter()
+        .filter_map(|w| Some((format!("output '{}'", w.name), w.shm.clone()?)))
+        .collect();
+    let (in_place, out_slots) = door.shm.lease(&shm_in, &shm_out)?;
+    for (input, bytes) in inputs.iter_mut().filter(|i| i.shm.is_some()).zip(in_place) {
+        input.data = bytes;
+    }
+    let mut out_slots = out_slots.into_iter();
+    let mut dests: Vec<Option<ShmOutput>> = wanted
+        .iter()
+        .map(|w| w.shm.as_ref().and_then(|_| out_slots.next()))
+        .collect();
+
+    // The request as a native client would send it. Tensors all in shared
+    // memory are placed as in a region (like a native shm session's: the
+    // agent allocates nothing for them, so they take no payload budget).
     let lens: Vec<u64> = inputs.iter().map(|i| i.data.len() as u64).collect();
-    let (offsets, payload_len) = layout_payload(lens.iter().copied())
+    let (offsets, layout_len) = layout_payload(lens.iter().copied())
         .ok_or_else(|| Status::invalid_argument("the request's tensors are too large"))?;
+    let all_shm = !inputs.is_empty() && inputs.iter().all(|i| i.shm.is_some());
     let descs: Vec<TensorDesc> = inputs
         .iter()
         .zip(offsets)
@@ -368,7 +527,13 @@ pub(crate) fn infer_over_core(
         u32::try_from(descs.len()).map_err(|_| Status::invalid_argument("too many inputs"))?;
     h.desc_len = u32::try_from(desc.len())
         .map_err(|_| Status::invalid_argument("the inputs' shapes are too large"))?;
-    h.payload_len = payload_len;
+    let placement = if all_shm {
+        h.payload_len = lens.iter().sum();
+        Placement::Region { len: layout_len }
+    } else {
+        h.payload_len = layout_len;
+        Placement::Payload
+    };
     if let Err(e) = h.check_limits(&core.limits) {
         return Err(error_status(&core.fail(Reply::error(
             h.request_id,
@@ -380,7 +545,7 @@ pub(crate) fn infer_over_core(
     let mut tl = Timeline::for_request(&h);
     tl.stamp(Stage::Received);
     let prep = core
-        .prepare(&h, &desc, &core.limits)
+        .prepare_in(&h, &desc, &core.limits, placement)
         .map_err(|r| error_status(&r))?;
     tl.stamp(Stage::PayloadInPlace);
     let views: Vec<TensorView<'_>> = descs
@@ -388,15 +553,223 @@ pub(crate) fn infer_over_core(
         .zip(&inputs)
         .map(|(d, i)| TensorView::new(d.dtype, &d.shape, &i.data))
         .collect();
-    let reply = core.execute(&prep, &views, &mut tl);
+
+    // Outputs in shared memory whose sizes are known before the run are
+    // checked before it; with a backend that writes into caller buffers,
+    // the engine writes them in place.
+    let planned = if dests.iter().any(Option::is_some) {
+        planned_outputs(&model, &inputs)
+    } else {
+        None
+    };
+    if let Some(planned) = &planned {
+        for (w, dest) in wanted.iter().zip(&dests) {
+            if let (Some(dest), Some(p)) = (dest, planned.iter().find(|p| p.name == w.name)) {
+                fits(dest, &w.name, p.dtype, &p.shape, p.len)?;
+            }
+        }
+    }
+    let outputs = match planned {
+        Some(planned) if model.outputs_in_place && !sig.outputs.is_empty() => {
+            run_in_place(core, &prep, &views, planned, wanted, &mut dests, &mut tl)?
+        }
+        _ => {
+            let reply = core.execute(&prep, &views, &mut tl);
+            if reply.header.kind == Kind::Error {
+                return Err(error_status(&reply));
+            }
+            let outputs = engine_outputs(reply.outputs, sig, &inputs)?;
+            let picked = pick(outputs, wanted, sig)?;
+            place_copies(core, picked, wanted, &mut dests)?
+        }
+    };
     drop(views);
     drop(prep);
-    if reply.header.kind == Kind::Error {
-        return Err(error_status(&reply));
-    }
+    Ok(outputs)
+}
 
-    let mut outputs = Vec::with_capacity(reply.outputs.len());
-    for (i, out) in reply.outputs.into_iter().enumerate() {
+/// An output whose dtype and shape are known before the run.
+struct Planned {
+    name: String,
+    dtype: DType,
+    shape: Vec<u64>,
+    len: u64,
+}
+
+/// The outputs the model will produce for `inputs`, if the backend can
+/// tell before running (names from the signature, or the inputs' for a
+/// model that declares none: identity).
+fn planned_outputs(model: &ModelEntry, inputs: &[Input]) -> Option<Vec<Planned>> {
+    let metas: Vec<(DType, &[u64])> = inputs.iter().map(|i| (i.dtype, &i.shape[..])).collect();
+    let shapes = model.backend.output_shapes(&metas)?;
+    let sig = model.signature();
+    let named: Vec<(&str, DType)> = if sig.outputs.is_empty() {
+        inputs.iter().map(|i| (i.name.as_str(), i.dtype)).collect()
+    } else {
+        sig.outputs
+            .iter()
+            .map(|s| (s.name.as_str(), s.dtype))
+            .collect()
+    };
+    if named.len() != shapes.len() {
+        return None;
+    }
+    named
+        .into_iter()
+        .zip(shapes)
+        .map(|((name, dtype), shape)| {
+            Some(Planned {
+                name: name.to_string(),
+                dtype,
+                len: TensorDesc::byte_len(dtype, &shape)?,
+                shape,
+            })
+        })
+        .collect()
+}
+
+/// Refuses an output of `len` bytes that does not fit its place in shared
+/// memory.
+fn fits(dest: &ShmOutput, name: &str, dtype: DType, shape: &[u64], len: u64) -> Result<(), Status> {
+    if len > dest.capacity() as u64 {
+        return Err(Status::invalid_argument(format!(
+            "output '{name}' is {} bytes ({}{shape:?}), more than the {} bytes its \
+             shared_memory_byte_size gives it in shared memory region '{}'",
+            len,
+            kserve_datatype(dtype),
+            dest.capacity(),
+            dest.region()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs the model with every output written where it goes: outputs in
+/// shared memory straight into their regions, the others into fresh
+/// buffers handed to the response without a copy.
+fn run_in_place(
+    core: &AgentCore,
+    prep: &Prepared<'_>,
+    views: &[TensorView<'_>],
+    planned: Vec<Planned>,
+    wanted: &[Requested],
+    dests: &mut [Option<ShmOutput>],
+    tl: &mut Timeline,
+) -> Result<Vec<Output>, Status> {
+    // Output i of the model goes to wanted[at[i]] when that is in shared
+    // memory, else into owned[i].
+    let at: Vec<Option<usize>> = planned
+        .iter()
+        .map(|p| {
+            wanted
+                .iter()
+                .position(|w| w.name == p.name)
+                .filter(|&j| dests[j].is_some())
+        })
+        .collect();
+    let mut owned: Vec<Option<AlignedBuf>> = Vec::with_capacity(planned.len());
+    for (p, at) in planned.iter().zip(&at) {
+        owned.push(match at {
+            Some(_) => None,
+            None => {
+                let len = usize::try_from(p.len).map_err(|_| {
+                    Status::invalid_argument(format!("output '{}' is too large", p.name))
+                })?;
+                Some(
+                    AlignedBuf::zeroed(len).map_err(|e| {
+                        Status::resource_exhausted(format!("output '{}': {e}", p.name))
+                    })?,
+                )
+            }
+        });
+    }
+    {
+        let mut slots: Vec<Option<&mut [u8]>> = (0..planned.len()).map(|_| None).collect();
+        for (i, b) in owned.iter_mut().enumerate() {
+            if let Some(b) = b {
+                slots[i] = Some(b.as_mut_slice());
+            }
+        }
+        for (j, dest) in dests.iter_mut().enumerate() {
+            let i = at.iter().position(|a| *a == Some(j));
+            if let (Some(i), Some(dest)) = (i, dest) {
+                // Fits: checked against the plan before the run.
+                let len = usize::try_from(planned[i].len).unwrap_or(usize::MAX);
+                slots[i] = dest.as_mut_slice().get_mut(..len);
+            }
+        }
+        let mut bufs = slots
+            .into_iter()
+            .collect::<Option<Vec<&mut [u8]>>>()
+            .ok_or_else(|| Status::internal("an output has no buffer"))?;
+        core.run_into(prep, views, &mut bufs, tl)
+            .map_err(|r| error_status(&r))?;
+    }
+    let lens: Vec<u64> = planned.iter().map(|p| p.len).collect();
+    let (offsets, payload_len) = layout_payload(lens.iter().copied())
+        .ok_or_else(|| Status::internal("output layout overflows"))?;
+    let descs: Vec<TensorDesc> = planned
+        .iter()
+        .zip(offsets)
+        .map(|(p, offset)| TensorDesc {
+            dtype: p.dtype,
+            shape: p.shape.clone(),
+            offset,
+            len: p.len,
+        })
+        .collect();
+    core.respond(prep, &descs, payload_len, tl)
+        .map_err(|r| error_status(&r))?;
+    let mut in_place = 0u64;
+    let mut outputs = Vec::with_capacity(wanted.len());
+    for (j, w) in wanted.iter().enumerate() {
+        let i = planned
+            .iter()
+            .position(|p| p.name == w.name)
+            .ok_or_else(|| Status::invalid_argument(format!("no output named '{}'", w.name)))?;
+        let p = &planned[i];
+        let (data, shm) = match &dests[j] {
+            Some(dest) => {
+                in_place += p.len;
+                (
+                    Bytes::new(),
+                    Some(Placed {
+                        region: dest.region().to_string(),
+                        offset: dest.offset(),
+                        byte_size: p.len,
+                    }),
+                )
+            }
+            None => {
+                let buf = owned[i]
+                    .take()
+                    .ok_or_else(|| Status::internal(format!("output '{}' twice", w.name)))?;
+                (Bytes::from_owner(OwnedOutput(buf)), None)
+            }
+        };
+        outputs.push(Output {
+            name: p.name.clone(),
+            datatype: kserve_datatype(p.dtype),
+            shape: dims_i64(&p.shape, i)?,
+            data,
+            shm,
+        });
+    }
+    core.counters
+        .shm_output_bytes_in_place
+        .fetch_add(in_place, Ordering::Relaxed);
+    Ok(outputs)
+}
+
+/// The engine's outputs, named, their bytes handed over without a copy
+/// (an output aliasing an input is that input's bytes).
+fn engine_outputs(
+    produced: Vec<engine::Output>,
+    sig: &wire::ModelSignature,
+    inputs: &[Input],
+) -> Result<Vec<Output>, Status> {
+    let mut outputs = Vec::with_capacity(produced.len());
+    for (i, out) in produced.into_iter().enumerate() {
         let (name, bytes) = match out.data {
             OutputData::Input(j) => {
                 let input: &Input = inputs.get(j).ok_or_else(|| {
@@ -412,50 +785,107 @@ pub(crate) fn infer_over_core(
                 Bytes::from_owner(OwnedOutput(buf)),
             ),
         };
-        let shape = out
-            .shape
-            .iter()
-            .map(|&d| {
-                i64::try_from(d)
-                    .map_err(|_| Status::internal(format!("output {i} dimension {d} too large")))
-            })
-            .collect::<Result<Vec<i64>, _>>()?;
         outputs.push(Output {
             name,
             datatype: kserve_datatype(out.dtype),
-            shape,
+            shape: dims_i64(&out.shape, i)?,
             data: bytes,
+            shm: None,
         });
-    }
-    if !wanted.is_empty() {
-        let mut picked = Vec::with_capacity(wanted.len());
-        for name in wanted {
-            let o = outputs.iter().find(|o| &o.name == name).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "model '{}' has no output named '{name}'",
-                    sig.name
-                ))
-            })?;
-            picked.push(o.clone());
-        }
-        outputs = picked;
     }
     Ok(outputs)
 }
 
-/// The output names the request asks for, if it names any; names the model
-/// does not have are refused before the model runs when its signature
-/// declares its outputs.
-fn requested_outputs(sig: &wire::ModelSignature, names: &[String]) -> Result<(), Status> {
+/// The outputs `wanted` names, in its order (all when it names none).
+fn pick(
+    outputs: Vec<Output>,
+    wanted: &[Requested],
+    sig: &wire::ModelSignature,
+) -> Result<Vec<Output>, Status> {
+    if wanted.is_empty() {
+        return Ok(outputs);
+    }
+    let mut picked = Vec::with_capacity(wanted.len());
+    for w in wanted {
+        let o = outputs.iter().find(|o| o.name == w.name).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "model '{}' has no output named '{}'",
+                sig.name, w.name
+            ))
+        })?;
+        picked.push(o.clone());
+    }
+    Ok(picked)
+}
+
+/// Copies the outputs that go to shared memory into their places (once
+/// each, counted), leaving the others as they are.
+fn place_copies(
+    core: &AgentCore,
+    mut outputs: Vec<Output>,
+    wanted: &[Requested],
+    dests: &mut [Option<ShmOutput>],
+) -> Result<Vec<Output>, Status> {
+    if dests.iter().all(Option::is_none) {
+        return Ok(outputs);
+    }
+    let mut copied = 0u64;
+    for ((o, w), dest) in outputs.iter_mut().zip(wanted).zip(dests.iter_mut()) {
+        let Some(dest) = dest else { continue };
+        let len = o.data.len();
+        if len > dest.capacity() {
+            let dtype = dtype_from_kserve(o.datatype).unwrap_or(DType::U8);
+            let shape: Vec<u64> = o.shape.iter().map(|&d| d.unsigned_abs()).collect();
+            fits(dest, &w.name, dtype, &shape, len as u64)?;
+        }
+        dest.as_mut_slice()[..len].copy_from_slice(&o.data);
+        copied += len as u64;
+        o.shm = Some(Placed {
+            region: dest.region().to_string(),
+            offset: dest.offset(),
+            byte_size: len as u64,
+        });
+        o.data = Bytes::new();
+    }
+    core.counters
+        .shm_output_bytes_copied
+        .fetch_add(copied, Ordering::Relaxed);
+    Ok(outputs)
+}
+
+/// Output `i`'s dimensions as KServe's `int64`s.
+fn dims_i64(shape: &[u64], i: usize) -> Result<Vec<i64>, Status> {
+    shape
+        .iter()
+        .map(|&d| {
+            i64::try_from(d)
+                .map_err(|_| Status::internal(format!("output {i} dimension {d} too large")))
+        })
+        .collect()
+}
+
+/// The output names the request asks for, if it names any: each once, and
+/// names the model does not have are refused before the model runs when
+/// its signature declares its outputs.
+fn requested_outputs(sig: &wire::ModelSignature, wanted: &[Requested]) -> Result<(), Status> {
+    for (i, w) in wanted.iter().enumerate() {
+        if wanted[..i].iter().any(|o| o.name == w.name) {
+            return Err(Status::invalid_argument(format!(
+                "output '{}' is requested twice",
+                w.name
+            )));
+        }
+    }
     if !sig.outputs.is_empty() {
-        if let Some(bad) = names
+        if let Some(bad) = wanted
             .iter()
-            .find(|n| !sig.outputs.iter().any(|s| &s.name == *n))
+            .find(|w| !sig.outputs.iter().any(|s| s.name == w.name))
         {
             let known: Vec<&str> = sig.outputs.iter().map(|s| s.name.as_str()).collect();
             return Err(Status::invalid_argument(format!(
-                "model '{}' has no output named '{bad}' (its outputs: {})",
+                "model '{}' has no output named '{}' (its outputs: {})",
                 sig.name,
+                bad.name,
                 known.join(", ")
             )));
         }

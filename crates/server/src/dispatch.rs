@@ -135,12 +135,15 @@ pub struct Counters {
     /// Messages answered with an Error.
     pub errors: AtomicU64,
     /// Output bytes the agent copied into shared-memory arenas (owned
-    /// engine outputs moved into a session's output region).
+    /// engine outputs moved into a session's output region), and into the
+    /// regions of the KServe front doors' system shared-memory extension.
     pub shm_output_bytes_copied: AtomicU64,
     /// Output bytes engines were asked to write straight into arenas
     /// ([`engine::Backend::run_into`] over the output region: no copy by
     /// tensorwire; an engine that cannot write in place may still copy
     /// internally, e.g. ONNX Runtime falling back from a wrong output plan).
+    /// The KServe front doors count outputs written this way into their
+    /// system shared-memory regions here too.
     pub shm_output_bytes_in_place: AtomicU64,
     /// Output bytes answered by pointing at the input they alias (identity):
     /// neither written nor copied.
