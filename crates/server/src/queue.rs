@@ -71,15 +71,23 @@ impl ModelQueue {
     }
 
     /// Waits for this request's turn, runs `f` on the calling thread, and
-    /// stamps `Queued`, `ComputeStart` and `ComputeEnd` on `timeline`.
+    /// stamps `Queued`, `ComputeStart` and `ComputeEnd` on `timeline`. A
+    /// request admitted at once (one compare-and-swap) gets its `Queued`
+    /// time as `ComputeStart` too, rather than a second clock read
+    /// (~30 ns) for a wait of a few ns.
     pub fn run<R>(&self, timeline: &mut Timeline, f: impl FnOnce() -> R) -> R {
         timeline.stamp(Stage::Queued);
-        if !self.try_admit_at_once() {
+        let waited = !self.try_admit_at_once();
+        if waited {
             self.admit_in_turn();
         }
         // Released on every exit, including a panic inside `f`.
         let _slot = Slot(self);
-        timeline.stamp(Stage::ComputeStart);
+        if waited {
+            timeline.stamp(Stage::ComputeStart);
+        } else {
+            timeline.set(Stage::ComputeStart, timeline.get(Stage::Queued));
+        }
         let r = f();
         timeline.stamp(Stage::ComputeEnd);
         r
