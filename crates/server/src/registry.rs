@@ -5,6 +5,7 @@
 
 use crate::config::{AgentConfig, ModelConfig};
 use crate::queue::ModelQueue;
+use crate::stats::ModelStats;
 use engine::{Backend, EngineError, IdentityBackend, OrtBackend, OrtOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +26,8 @@ pub struct ModelEntry {
     /// inputs at those inputs (identity: nothing moves) and copy owned
     /// outputs into the arena once (counted).
     pub outputs_in_place: bool,
+    /// Its request statistics (every transport and front door).
+    pub stats: ModelStats,
 }
 
 impl ModelEntry {
@@ -97,6 +100,7 @@ impl ModelRegistry {
             backend,
             queue: ModelQueue::new(concurrency),
             outputs_in_place: in_place,
+            stats: ModelStats::default(),
         });
         id
     }
