@@ -186,6 +186,9 @@ mod tests {
         assert_eq!(v, 5);
         assert!(tl.get(Stage::Queued) <= tl.get(Stage::ComputeStart));
         assert!(tl.get(Stage::ComputeStart) <= tl.get(Stage::ComputeEnd));
+        // Admitted at once: no second clock read for a wait of one CAS.
+        assert_ne!(tl.get(Stage::Queued), 0);
+        assert_eq!(tl.get(Stage::Queued), tl.get(Stage::ComputeStart));
         assert_eq!(q.stats().completed, 1);
     }
 
