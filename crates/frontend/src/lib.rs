@@ -21,19 +21,24 @@
 //! names), `inputs` (a request's tensors checked and gathered),
 //! `service` (the `GRPCInferenceService` over the core and the
 //! `infer_over_core` path both front doors share), `http` (the REST
-//! routes over that same path) and `server` (the listeners and their tokio
-//! runtime).
+//! routes over that same path), `server` (the listeners and their tokio
+//! runtime), `statistics` (Triton's statistics extension, over both
+//! doors) and `metrics` (Prometheus `/metrics` on every HTTP front door
+//! and on the metrics-only [`MetricsListener`]).
 
 pub mod datatype;
 mod door;
 mod http;
 mod inputs;
+mod metrics;
 mod server;
 mod service;
+mod statistics;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
 pub use door::FrontDoor;
 pub use http::{parse_http_uri, HttpFrontend, HTTP_SCHEME};
+pub use metrics::{parse_metrics_uri, Metrics, MetricsListener};
 pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
 pub use service::KServeService;
 

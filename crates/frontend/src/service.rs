@@ -20,14 +20,15 @@ use crate::proto::model_infer_response::InferOutputTensor;
 use crate::proto::model_metadata_response::TensorMetadata;
 use crate::proto::{
     ModelInferRequest, ModelInferResponse, ModelMetadataRequest, ModelMetadataResponse,
-    ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse, ServerLiveRequest,
-    ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest,
-    ServerReadyResponse,
+    ModelReadyRequest, ModelReadyResponse, ModelStatisticsRequest, ModelStatisticsResponse,
+    ModelStreamInferResponse, ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest,
+    ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
 };
+use crate::statistics::{model_statistics, Refusal};
 use bytes::Bytes;
 use engine::{OutputData, TensorView};
 use server::dispatch::{AgentCore, Reply};
-use server::ModelEntry;
+use server::{ModelEntry, Via};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -35,8 +36,8 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use wire::{
-    decode_error_body, encode_tensor_section, layout_payload, AlignedBuf, Header, Kind, Stage,
-    TensorDesc, TensorSpec, Timeline,
+    decode_error_body, encode_tensor_section, layout_payload, AlignedBuf, Header, Kind, Placement,
+    Stage, TensorDesc, TensorSpec,
 };
 
 /// The only model version tensorwire serves (a model has one version;
@@ -59,9 +60,19 @@ pub(crate) struct Shared {
     pub in_flight: AtomicUsize,
     /// Request ids for the core (gRPC ids are strings; these are ours).
     next_id: AtomicU64,
+    /// Which front door this is, for the models' statistics.
+    pub via: Via,
 }
 
 impl Shared {
+    /// The state of the front door `via` (gRPC or HTTP).
+    pub(crate) fn via(via: Via) -> Shared {
+        Shared {
+            via,
+            ..Shared::default()
+        }
+    }
+
     /// Ready for requests: neither the agent nor the front door stopping.
     pub(crate) fn ready(&self, core: &AgentCore) -> bool {
         !core.is_closing() && !self.stopping.load(Ordering::Acquire)
@@ -87,7 +98,7 @@ impl Drop for InFlight {
 impl KServeService {
     /// A service answering from `door`.
     pub fn new(door: Arc<FrontDoor>) -> KServeService {
-        KServeService::with_shared(door, Arc::new(Shared::default()))
+        KServeService::with_shared(door, Arc::new(Shared::via(Via::Grpc)))
     }
 
     pub(crate) fn with_shared(door: Arc<FrontDoor>, shared: Arc<Shared>) -> KServeService {
@@ -168,9 +179,9 @@ impl GrpcInferenceService for KServeService {
         Ok(Response::new(ServerMetadataResponse {
             name: "tensorwire".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            // None of the named KServe/Triton extensions (model repository,
-            // shared memory, statistics, ...) is served.
-            extensions: Vec::new(),
+            // Of the named KServe/Triton extensions, statistics is served
+            // (not yet: model repository, shared memory, ...).
+            extensions: vec!["statistics".to_string()],
         }))
     }
 
@@ -188,6 +199,16 @@ impl GrpcInferenceService for KServeService {
             inputs: sig.inputs.iter().map(metadata).collect(),
             outputs: sig.outputs.iter().map(metadata).collect(),
         }))
+    }
+
+    /// Triton's statistics extension: every model when `name` is empty,
+    /// else that model (NOT_FOUND when unknown, or at another version).
+    async fn model_statistics(
+        &self,
+        request: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let req = request.into_inner();
+        model_statistics(&self.door.core, &req.name, &req.version).map(Response::new)
     }
 
     async fn model_infer(
@@ -339,6 +360,13 @@ pub(crate) fn infer_over_core(
     wanted: &[String],
 ) -> Result<Vec<Output>, Status> {
     let model = find_model(core, model_name, model_version)?;
+    // Arrival, for the model's statistics (front-door clients cannot ask
+    // for the timeline; it stamps when the agent times requests). From
+    // here until the core takes the request, a refusal is counted by
+    // `refusal` as a failure of the model.
+    let mut tl = core.timeline(&Header::new(Kind::Request));
+    tl.stamp(Stage::Received);
+    let refusal = Refusal::new(&model.stats, shared.via, tl.get(Stage::Received));
     if core.is_closing() {
         return Err(Status::unavailable(
             "the agent is shutting down and accepts no new requests",
@@ -381,10 +409,9 @@ pub(crate) fn infer_over_core(
         ))));
     }
 
-    let mut tl = Timeline::for_request(&h);
-    tl.stamp(Stage::Received);
+    refusal.passed();
     let prep = core
-        .prepare(&h, &desc, &core.limits)
+        .prepare_via(shared.via, &h, &desc, &core.limits, Placement::Payload, &tl)
         .map_err(|r| error_status(&r))?;
     tl.stamp(Stage::PayloadInPlace);
     let views: Vec<TensorView<'_>> = descs
