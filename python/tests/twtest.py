@@ -131,25 +131,37 @@ def rss_kib() -> int:
 
 
 class FrontDoorAgent:
-    """`tensorwire serve` with only a KServe front door (`scheme` is `grpc`
-    or `http`) on a free loopback port, in a child process; `address` is
-    the `HOST:PORT` tritonclient takes."""
+    """`tensorwire serve` with a KServe front door (`scheme` is `grpc` or
+    `http`) on a free loopback port, in a child process; `address` is the
+    `HOST:PORT` tritonclient takes. `extra_args` go to `serve` as given
+    (more `--listen` URIs, `--metrics-listen http://HOST:PORT`, ...);
+    `listening` holds every URI it printed a `listening on` line for, and
+    `metrics_uri` the `metrics on` one (None without `--metrics-listen`)."""
 
-    def __init__(self, scheme: str, models: dict) -> None:
+    def __init__(self, scheme: str, models: dict, extra_args: list | tuple = ()) -> None:
         args = [str(tensorwire_bin()), "serve", "--grace", "1", "--listen", f"{scheme}://127.0.0.1:0"]
         for name, path in models.items():
             args += ["--model", f"{name}={path}"]
+        args += list(extra_args)
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
         )
         deadline = time.monotonic() + 60
         self.uri = None
-        while self.uri is None:
+        self.metrics_uri = None
+        self.listening = []
+        want_metrics = "--metrics-listen" in extra_args
+        # The metrics line, when asked for, is printed after every listener's.
+        while self.uri is None or (want_metrics and self.metrics_uri is None):
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"tensorwire serve exited: {self.proc.stderr.read()}")
+            if line.startswith("listening on "):
+                self.listening.append(line.split()[-1])
             if line.startswith(f"listening on {scheme}://"):
                 self.uri = line.split()[-1]
+            if line.startswith("metrics on "):
+                self.metrics_uri = line.split()[-1]
             if time.monotonic() > deadline:
                 raise RuntimeError("tensorwire serve did not start in 60 s")
         self.address = self.uri.removeprefix(f"{scheme}://")
