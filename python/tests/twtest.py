@@ -131,31 +131,43 @@ def rss_kib() -> int:
 
 
 class FrontDoorAgent:
-    """`tensorwire serve` with only KServe front doors on free loopback
-    ports, in a child process. `scheme` is `grpc` or `http`, or a list of
-    both (one agent behind both doors); `uris[scheme]` and
-    `addresses[scheme]` (the `HOST:PORT` tritonclient takes) for each, and
-    `uri` / `address` for the first."""
+    """`tensorwire serve` with KServe front doors on free loopback ports, in
+    a child process. `scheme` is `grpc` or `http`, or a list of both (one
+    agent behind both doors); `uris[scheme]` and `addresses[scheme]` (the
+    `HOST:PORT` tritonclient takes) for each, and `uri` / `address` for the
+    first. `extra_args` go to `serve` as given (more `--listen` URIs,
+    `--metrics-listen http://HOST:PORT`, `--model-repository DIR`, ...);
+    `listening` holds every URI it printed a `listening on` line for, and
+    `metrics_uri` the `metrics on` one (None without `--metrics-listen`)."""
 
-    def __init__(self, scheme, models: dict) -> None:
+    def __init__(self, scheme, models: dict, extra_args: list | tuple = ()) -> None:
         schemes = [scheme] if isinstance(scheme, str) else list(scheme)
         args = [str(tensorwire_bin()), "serve", "--grace", "1"]
         for s in schemes:
             args += ["--listen", f"{s}://127.0.0.1:0"]
         for name, path in models.items():
             args += ["--model", f"{name}={path}"]
+        args += list(extra_args)
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
         )
         deadline = time.monotonic() + 60
         self.uris = {}
-        while len(self.uris) < len(schemes):
+        self.metrics_uri = None
+        self.listening = []
+        want_metrics = "--metrics-listen" in extra_args
+        # The metrics line, when asked for, is printed after every listener's.
+        while len(self.uris) < len(schemes) or (want_metrics and self.metrics_uri is None):
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"tensorwire serve exited: {self.proc.stderr.read()}")
+            if line.startswith("listening on "):
+                self.listening.append(line.split()[-1])
             for s in schemes:
-                if line.startswith(f"listening on {s}://"):
+                if line.startswith(f"listening on {s}://") and s not in self.uris:
                     self.uris[s] = line.split()[-1]
+            if line.startswith("metrics on "):
+                self.metrics_uri = line.split()[-1]
             if time.monotonic() > deadline:
                 raise RuntimeError("tensorwire serve did not start in 60 s")
         self.addresses = {s: u.removeprefix(f"{s}://") for s, u in self.uris.items()}

@@ -7,6 +7,7 @@
 
 use crate::datatype::dtype_from_kserve;
 use crate::door::FrontDoor;
+use crate::metrics::Metrics;
 use crate::proto::infer_parameter::ParameterChoice;
 use crate::proto::model_infer_request::InferInputTensor;
 use crate::proto::InferParameter;
@@ -15,6 +16,7 @@ use crate::service::EXTENSIONS;
 use crate::service::{
     find_model, infer_over_core, metadata, platform, InFlight, Output, Requested, Shared,
 };
+use crate::statistics::{model_statistics, stats_json, Refusal};
 use crate::sysshm::{shm_ref, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -24,6 +26,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
+use server::Via;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::{Code, Status};
@@ -55,6 +58,7 @@ struct App {
     door: Arc<FrontDoor>,
     shared: Arc<Shared>,
     max_body: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl HttpFrontend {
@@ -63,9 +67,10 @@ impl HttpFrontend {
     /// (on their Content-Length, before they are read).
     pub fn start(listen: &str, door: Arc<FrontDoor>) -> Result<HttpFrontend, FrontendError> {
         let addr = parse_http_uri(listen)?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::via(Via::Http));
         let app = App {
             max_body: door.core.limits.max_payload.saturating_add(BODY_OVERHEAD),
+            metrics: Arc::new(Metrics::new(door.core.clone())?),
             door,
             shared: shared.clone(),
         };
@@ -108,6 +113,13 @@ fn router(app: App) -> Router {
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
         .route("/v2/health/ready", get(server_ready))
+        .route("/v2/models/stats", get(model_stats))
+        .route("/v2/models/{name}/stats", get(model_stats))
+        .route(
+            "/v2/models/{name}/versions/{version}/stats",
+            get(model_stats),
+        )
+        .route("/metrics", get(metrics))
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/versions/{version}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
@@ -191,6 +203,21 @@ async fn server_metadata() -> Response {
             "extensions": extensions,
         }),
     )
+}
+
+/// Triton's statistics extension: `v2/models/stats` (every model),
+/// `v2/models/NAME/stats`, `v2/models/NAME/versions/V/stats`.
+async fn model_stats(State(app): State<App>, Path(p): Path<HashMap<String, String>>) -> Response {
+    let (name, version) = name_version(&p);
+    match model_statistics(&app.door.core, &name, &version) {
+        Ok(r) => json_response(StatusCode::OK, &stats_json(&r)),
+        Err(s) => status_response(&s),
+    }
+}
+
+/// Prometheus metrics, text format.
+async fn metrics(State(app): State<App>) -> Response {
+    app.metrics.response()
 }
 
 async fn server_ready(State(app): State<App>) -> StatusCode {
@@ -331,8 +358,18 @@ fn infer(
     header_len: Option<usize>,
 ) -> Result<Response, Status> {
     // Model and version first, so an unknown one is a 404 whatever the body.
-    let served_version = find_model(&door.core, name, version)?.version;
+    let model = find_model(&door.core, name, version)?;
+    let served_version = model.version;
+    // A body that does not parse is a failure of the model (timed from
+    // here while the agent times requests).
+    let arrived = if door.core.request_timing() {
+        wire::monotonic_ns()
+    } else {
+        0
+    };
+    let refusal = Refusal::new(&model.stats, shared.via, arrived);
     let req = parse_request(&body, header_len)?;
+    refusal.passed();
     let wanted: Vec<Requested> = req.outputs.iter().map(|(r, _)| r.clone()).collect();
     let outputs = infer_over_core(door, shared, name, version, req.tensors, req.raw, &wanted)?;
     let mut binary = Vec::new();

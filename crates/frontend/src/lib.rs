@@ -28,21 +28,29 @@
 //! `infer_over_core` path both front doors share), `sysshm` (the
 //! registered shared-memory regions and their use by requests), `http`
 //! (the REST routes over that same path), `door` (the state the doors
-//! share) and `server` (the listeners and their tokio runtime).
+//! share), `server` (the listeners and their tokio runtime),
+//! `statistics` (Triton's statistics extension, over both doors),
+//! `metrics` (Prometheus `/metrics` on every HTTP front door and on the
+//! metrics-only [`MetricsListener`]), [`model_config`] (Triton's
+//! `config.pbtxt`) and [`repository`] (the model repository and its
+//! load/unload control).
 
 pub mod datatype;
 mod door;
 mod http;
 mod inputs;
+mod metrics;
 pub mod model_config;
 pub mod repository;
 mod server;
 mod service;
+mod statistics;
 mod sysshm;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
 pub use door::FrontDoor;
 pub use http::{parse_http_uri, HttpFrontend, HTTP_SCHEME};
+pub use metrics::{parse_metrics_uri, Metrics, MetricsListener};
 pub use repository::{ControlMode, Repository, RepositoryError, RepositoryOptions};
 pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
 pub use service::KServeService;

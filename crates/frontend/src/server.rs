@@ -6,6 +6,7 @@ use crate::door::FrontDoor;
 use crate::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::service::{KServeService, Shared};
 use crate::{GRPC_SCHEME, MAX_MESSAGE_BYTES};
+use server::Via;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -71,6 +72,9 @@ pub enum FrontendError {
     /// The tokio runtime could not be started.
     #[error("cannot start the tokio runtime: {0}")]
     Runtime(io::Error),
+    /// The metrics registry could not be set up.
+    #[error("cannot set up the metrics: {0}")]
+    Metrics(String),
 }
 
 /// The `HOST:PORT` of a `grpc://HOST:PORT` URI (port 0 picks a free one).
@@ -100,7 +104,7 @@ impl GrpcFrontend {
         )
         .unwrap_or(MAX_MESSAGE_BYTES)
         .min(MAX_MESSAGE_BYTES);
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::via(Via::Grpc));
         let service =
             GrpcInferenceServiceServer::new(KServeService::with_shared(door, shared.clone()))
                 .max_decoding_message_size(max_message)

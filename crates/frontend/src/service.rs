@@ -31,18 +31,19 @@ use crate::proto::model_metadata_response::TensorMetadata;
 use crate::proto::system_shared_memory_status_response::RegionStatus;
 use crate::proto::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelMetadataRequest,
-    ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse,
-    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse,
-    ServerReadyRequest, ServerReadyResponse, SystemSharedMemoryRegisterRequest,
-    SystemSharedMemoryRegisterResponse, SystemSharedMemoryStatusRequest,
-    SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
-    SystemSharedMemoryUnregisterResponse,
+    ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse, ModelStatisticsRequest,
+    ModelStatisticsResponse, ModelStreamInferResponse, ServerLiveRequest, ServerLiveResponse,
+    ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
+    SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse,
+    SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse,
+    SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse,
 };
+use crate::statistics::{model_statistics, Refusal};
 use crate::sysshm::{shm_ref, ShmOutput, ShmRef, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
 use bytes::Bytes;
 use engine::{OutputData, TensorView};
 use server::dispatch::{AgentCore, Prepared, Reply};
-use server::ModelEntry;
+use server::{ModelEntry, Via};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -56,7 +57,12 @@ use wire::{
 
 /// The named KServe/Triton extensions the front doors serve (server
 /// metadata's `extensions`; the HTTP door adds `binary_tensor_data`).
-pub const EXTENSIONS: &[&str] = &["system_shared_memory"];
+pub const EXTENSIONS: &[&str] = &[
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "system_shared_memory",
+];
 
 /// The KServe v2 gRPC service over an agent core.
 #[derive(Debug, Clone)]
@@ -74,9 +80,19 @@ pub(crate) struct Shared {
     pub in_flight: AtomicUsize,
     /// Request ids for the core (gRPC ids are strings; these are ours).
     next_id: AtomicU64,
+    /// Which front door this is, for the models' statistics.
+    pub via: Via,
 }
 
 impl Shared {
+    /// The state of the front door `via` (gRPC or HTTP).
+    pub(crate) fn via(via: Via) -> Shared {
+        Shared {
+            via,
+            ..Shared::default()
+        }
+    }
+
     /// Ready for requests: neither the agent nor the front door stopping.
     pub(crate) fn ready(&self, core: &AgentCore) -> bool {
         !core.is_closing() && !self.stopping.load(Ordering::Acquire)
@@ -102,7 +118,7 @@ impl Drop for InFlight {
 impl KServeService {
     /// A service answering from `door`.
     pub fn new(door: Arc<FrontDoor>) -> KServeService {
-        KServeService::with_shared(door, Arc::new(Shared::default()))
+        KServeService::with_shared(door, Arc::new(Shared::via(Via::Grpc)))
     }
 
     pub(crate) fn with_shared(door: Arc<FrontDoor>, shared: Arc<Shared>) -> KServeService {
@@ -198,6 +214,16 @@ impl GrpcInferenceService for KServeService {
             inputs: sig.inputs.iter().map(metadata).collect(),
             outputs: sig.outputs.iter().map(metadata).collect(),
         }))
+    }
+
+    /// Triton's statistics extension: every model when `name` is empty,
+    /// else that model (NOT_FOUND when unknown, or at another version).
+    async fn model_statistics(
+        &self,
+        request: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let req = request.into_inner();
+        model_statistics(&self.door.core, &req.name, &req.version).map(Response::new)
     }
 
     async fn model_infer(
@@ -471,6 +497,13 @@ pub(crate) fn infer_over_core(
 ) -> Result<Vec<Output>, Status> {
     let core = &*door.core;
     let model = find_model(core, model_name, model_version)?;
+    // Arrival, for the model's statistics (front-door clients cannot ask
+    // for the timeline; it stamps when the agent times requests). From
+    // here until the core takes the request, a refusal is counted by
+    // `refusal` as a failure of the model.
+    let mut tl = core.timeline(&Header::new(Kind::Request));
+    tl.stamp(Stage::Received);
+    let refusal = Refusal::new(&model.stats, shared.via, tl.get(Stage::Received));
     if core.is_closing() {
         return Err(Status::unavailable(
             "the agent is shutting down and accepts no new requests",
@@ -542,10 +575,9 @@ pub(crate) fn infer_over_core(
         ))));
     }
 
-    let mut tl = Timeline::for_request(&h);
-    tl.stamp(Stage::Received);
+    refusal.passed();
     let prep = core
-        .prepare_in(&h, &desc, &core.limits, placement)
+        .prepare_via(shared.via, &h, &desc, &core.limits, placement, &tl)
         .map_err(|r| error_status(&r))?;
     tl.stamp(Stage::PayloadInPlace);
     let views: Vec<TensorView<'_>> = descs

@@ -25,6 +25,7 @@ use crate::reactor::Reactor;
 use crate::registry::ModelRegistry;
 use crate::session::SocketSession;
 use crate::shm_session::{ShmHandle, ShmSession, ShmSettings};
+use crate::stats::Via;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -135,7 +136,10 @@ impl Agent {
     /// tests with custom backends).
     pub fn with_registry(cfg: AgentConfig, registry: ModelRegistry) -> Result<Agent, AgentError> {
         cfg.validate()?;
-        let core = Arc::new(AgentCore::new(registry, cfg.limits, cfg.max_total_payload));
+        let core = Arc::new(
+            AgentCore::new(registry, cfg.limits, cfg.max_total_payload)
+                .with_request_timing(cfg.request_timing),
+        );
         let conns = Arc::new(ConnTable::new(
             cfg.max_connections,
             cfg.max_connections_per_peer.min(cfg.max_connections),
@@ -300,6 +304,7 @@ impl Acceptor {
     /// The accept loop of a Unix or TCP listener: admit, then park the
     /// session in the reactor (its Hello is read by a worker).
     fn accept_loop(self, l: Listener) {
+        let via = Via::of_endpoint(l.endpoint());
         loop {
             let mut conn = match l.accept() {
                 Ok(c) => c,
@@ -322,7 +327,7 @@ impl Acceptor {
             let _ = conn.set_read_timeout(Some(self.stall));
             let _ = conn.set_write_timeout(Some(self.stall));
             conn.set_spin(self.socket_spin);
-            let session = SocketSession::new(self.core.clone(), conn, slot);
+            let session = SocketSession::new(self.core.clone(), conn, slot, via);
             // On failure the session drops: connection closed, slot freed.
             let _ = self.reactor.add(Box::new(session));
         }

@@ -17,8 +17,17 @@
 //! [`AgentCore::respond`] (the Response header and descriptor section for
 //! tensors placed wherever the transport put them, timeline stamped, checked
 //! against the session's limits).
+//!
+//! The same steps keep each model's [`ModelStats`]: `prepare_via` counts
+//! the request for its model and transport, `respond` records a success
+//! with its stage durations, and a request that ends without a response
+//! (refused, failed, or dropped with its connection) is recorded as a
+//! failure when its [`Prepared`] is dropped. [`AgentCore::timeline`] gives
+//! the timeline a transport stamps: one that reads the clock while the
+//! agent times requests for these statistics (`AgentConfig::request_timing`).
 
 use crate::registry::{ModelEntry, ModelRegistry};
+use crate::stats::Via;
 use engine::{Output, OutputData, TensorView};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -108,21 +117,40 @@ impl<'a> Prepared<'a> {
     }
 }
 
-/// Counts a request as in flight, and holds its share of the payload
-/// budget, until dropped (after its reply is sent).
+/// Counts a request as in flight, agent-wide and for its model, and holds
+/// its share of the payload budget, until dropped (after its reply is
+/// sent); a request dropped without a response is counted as failed then.
 #[derive(Debug)]
-struct InFlight<'a>(&'a AgentCore, u64);
+struct InFlight<'a> {
+    core: &'a AgentCore,
+    /// Payload budget bytes held.
+    reserved: u64,
+    /// The model, for its statistics (a second handle to `Prepared::model`:
+    /// the guard records into it when dropped).
+    model: Arc<ModelEntry>,
+    /// The request's `received` stamp (0 when not timed).
+    arrived: u64,
+    /// Set by `respond` once the request has its response.
+    answered: AtomicBool,
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if self.1 > 0 {
-            self.0.payload_budget.fetch_add(self.1, Ordering::AcqRel);
+        let stats = &self.model.stats;
+        if !self.answered.load(Ordering::Relaxed) {
+            stats.record_failure(self.arrived);
         }
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.0.closing.load(Ordering::Acquire)
+        stats.finished();
+        let core = self.core;
+        if self.reserved > 0 {
+            core.payload_budget
+                .fetch_add(self.reserved, Ordering::AcqRel);
+        }
+        if core.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
+            && core.closing.load(Ordering::Acquire)
         {
-            let _g = self.0.drain_lock.lock();
-            self.0.drain_cv.notify_all();
+            let _g = core.drain_lock.lock();
+            core.drain_cv.notify_all();
         }
     }
 }
@@ -161,6 +189,8 @@ pub struct AgentCore {
     pub counters: Counters,
     /// Recycled payload buffers (request payloads, in-process outputs).
     pub pool: Arc<BufPool>,
+    /// Whether every request is timed for the models' statistics.
+    timing: bool,
     closing: AtomicBool,
     in_flight: AtomicUsize,
     /// Payload bytes that requests in flight may still hold, agent-wide.
@@ -178,11 +208,38 @@ impl AgentCore {
             limits,
             counters: Counters::default(),
             pool: BufPool::new(POOL_BYTES, POOL_BUFS),
+            timing: true,
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             payload_budget: AtomicU64::new(payload_budget),
             drain_lock: Mutex::new(()),
             drain_cv: Condvar::new(),
+        }
+    }
+
+    /// This core, timing every request for the models' statistics or not
+    /// (on by default): four clock reads a request, ~30 ns each here (see
+    /// [`crate::stats`]). Off, statistics still count requests but record
+    /// no durations.
+    pub fn with_request_timing(mut self, on: bool) -> AgentCore {
+        self.timing = on;
+        self
+    }
+
+    /// Whether every request is timed for the models' statistics.
+    pub fn request_timing(&self) -> bool {
+        self.timing
+    }
+
+    /// The timeline of request `h`, for its transport to stamp: it reads
+    /// the clock when the agent times requests for the models' statistics
+    /// or when the client asked for it, and otherwise takes no stamps.
+    #[inline]
+    pub fn timeline(&self, h: &Header) -> Timeline {
+        if self.timing {
+            Timeline::default()
+        } else {
+            Timeline::for_request(h)
         }
     }
 
@@ -305,7 +362,9 @@ impl AgentCore {
     }
 
     /// Checks a request before its payload is read: shutdown, model id,
-    /// descriptors, and the tensors against the model's signature.
+    /// descriptors, and the tensors against the model's signature. (Counted
+    /// in the model's statistics as [`Via::Other`], untimed: transports use
+    /// [`prepare_via`](AgentCore::prepare_via).)
     pub fn prepare(&self, h: &Header, desc: &[u8], limits: &Limits) -> Result<Prepared<'_>, Reply> {
         self.prepare_in(h, desc, limits, Placement::Payload)
     }
@@ -315,7 +374,8 @@ impl AgentCore {
     /// lie in the client's region and the agent allocates nothing for them,
     /// so they take nothing from the agent-wide payload budget (which
     /// bounds memory the agent allocates for payloads; a session's region
-    /// is bounded by its own size).
+    /// is bounded by its own size). (Counted as [`Via::Other`], untimed,
+    /// like [`prepare`](AgentCore::prepare).)
     pub fn prepare_in(
         &self,
         h: &Header,
@@ -323,8 +383,34 @@ impl AgentCore {
         limits: &Limits,
         placement: Placement,
     ) -> Result<Prepared<'_>, Reply> {
+        self.prepare_via(Via::Other, h, desc, limits, placement, &Timeline::default())
+    }
+
+    /// [`prepare_in`](AgentCore::prepare_in) for a request that came `via`
+    /// a transport, with the timeline `tl` its transport stamped `received`
+    /// on ([`timeline`](AgentCore::timeline)): the request is counted for
+    /// its model and transport, and a refusal from here on is recorded as
+    /// a failure of the model, timed from `received`.
+    pub fn prepare_via(
+        &self,
+        via: Via,
+        h: &Header,
+        desc: &[u8],
+        limits: &Limits,
+        placement: Placement,
+        tl: &Timeline,
+    ) -> Result<Prepared<'_>, Reply> {
         let id = h.request_id;
+        // Failures are timed like successes: only while the agent times.
+        let arrived = if self.timing {
+            tl.get(Stage::Received)
+        } else {
+            0
+        };
         if self.is_closing() {
+            if let Some(m) = self.registry.get(h.model_id) {
+                m.stats.record_refused(via, arrived);
+            }
             return Err(self.fail(Reply::error(
                 id,
                 Status::ShuttingDown,
@@ -342,8 +428,15 @@ impl AgentCore {
                 ),
             ))
         })?;
+        let stats = &model.stats;
+        stats.arrived(via);
+        // From here a refusal is a failure of this model.
+        let refuse = |r: Reply| {
+            stats.record_failure(arrived);
+            self.fail(r)
+        };
         let section = decode_tensor_section_in(h, desc, placement)
-            .map_err(|e| self.fail(Reply::error(id, e.status(), &e.to_string())))?;
+            .map_err(|e| refuse(Reply::error(id, e.status(), &e.to_string())))?;
         let metas: Vec<(wire::DType, &[u64])> = section
             .tensors
             .iter()
@@ -352,7 +445,7 @@ impl AgentCore {
         model
             .backend
             .check_inputs(&metas)
-            .map_err(|e| self.fail(Reply::error(id, Status::InvalidInput, &e.to_string())))?;
+            .map_err(|e| refuse(Reply::error(id, Status::InvalidInput, &e.to_string())))?;
         // Reserve the payload's bytes before any are read: memory held by
         // requests is bounded agent-wide, not only per connection.
         let want = match placement {
@@ -369,7 +462,7 @@ impl AgentCore {
                 })
         };
         if reserved.is_err() {
-            return Err(self.fail(Reply::error(
+            return Err(refuse(Reply::error(
                 id,
                 Status::LimitExceeded,
                 &format!(
@@ -379,13 +472,20 @@ impl AgentCore {
             )));
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        stats.admitted();
         Ok(Prepared {
-            model,
+            model: model.clone(),
             tensors: section.tensors,
             request_id: id,
             want_timeline: h.flags & flags::WANT_TIMELINE != 0,
             limits: *limits,
-            _in_flight: InFlight(self, want),
+            _in_flight: InFlight {
+                core: self,
+                reserved: want,
+                model,
+                arrived,
+                answered: AtomicBool::new(false),
+            },
         })
     }
 
@@ -515,8 +615,9 @@ impl AgentCore {
     /// The Response for `p` describing `descs` (placed by the caller: a
     /// payload layout, or offsets into a shared region) with `payload_len`
     /// bytes of tensors: stamps `ResponseSent` and attaches the timeline if
-    /// asked, checks the session's limits, counts the response. The reply
-    /// carries no outputs; a caller sending a payload attaches them.
+    /// asked, checks the session's limits, counts the response (and the
+    /// model's success, timed from `tl`). The reply carries no outputs; a
+    /// caller sending a payload attaches them.
     pub fn respond(
         &self,
         p: &Prepared<'_>,
@@ -534,9 +635,10 @@ impl AgentCore {
         let timeline_len = if p.want_timeline { TIMELINE_LEN } else { 0 };
         let mut desc =
             Vec::with_capacity(descs.iter().map(|d| d.encoded_len()).sum::<usize>() + timeline_len);
+        // Taken whenever the timeline stamps (asked, or timed for stats).
+        tl.stamp(Stage::ResponseSent);
         if p.want_timeline {
             header.flags |= flags::HAS_TIMELINE;
-            tl.stamp(Stage::ResponseSent);
             encode_tensor_section(descs, Some(tl), &mut desc);
         } else {
             encode_tensor_section(descs, None, &mut desc);
@@ -552,6 +654,8 @@ impl AgentCore {
             )));
         }
         self.counters.responses.fetch_add(1, Ordering::Relaxed);
+        p.model.stats.record_success(tl, self.timing);
+        p._in_flight.answered.store(true, Ordering::Relaxed);
         Ok(Reply {
             header,
             desc,
@@ -608,5 +712,133 @@ mod tests {
             core.prepare(&h, &d, &core.limits).is_ok(),
             "budget returned on drop"
         );
+    }
+
+    /// Fails every run (its inputs: anything).
+    struct Failing(wire::ModelSignature);
+
+    impl engine::Backend for Failing {
+        fn signature(&self) -> &wire::ModelSignature {
+            &self.0
+        }
+        fn check_inputs(&self, _: &[(DType, &[u64])]) -> Result<(), engine::EngineError> {
+            Ok(())
+        }
+        fn run(&self, _: &[TensorView<'_>]) -> Result<Vec<Output>, engine::EngineError> {
+            Err(engine::EngineError::Run("always".into()))
+        }
+    }
+
+    /// A core serving identity (id 0) and `failing` (id 1).
+    fn core_with_failing(timing: bool) -> AgentCore {
+        let mut reg = ModelRegistry::with_identity();
+        reg.add(
+            Arc::new(Failing(wire::ModelSignature {
+                name: "failing".into(),
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+            })),
+            1,
+        );
+        AgentCore::new(reg, Limits::default(), 1 << 20).with_request_timing(timing)
+    }
+
+    /// One request for `model_id` through prepare_via and execute, as a
+    /// socket session does; the reply's kind.
+    fn serve(core: &AgentCore, via: Via, model_id: u32) -> Kind {
+        let (mut h, d) = request(8);
+        h.model_id = model_id;
+        let mut tl = core.timeline(&h);
+        tl.stamp(Stage::Received);
+        let payload = [7u8; 8];
+        match core.prepare_via(via, &h, &d, &core.limits, Placement::Payload, &tl) {
+            Err(r) => r.header.kind,
+            Ok(p) => {
+                tl.stamp(Stage::PayloadInPlace);
+                let views = p.views(&payload);
+                core.execute(&p, &views, &mut tl).header.kind
+            }
+        }
+    }
+
+    #[test]
+    fn every_outcome_is_counted_for_its_model_and_transport() {
+        let core = core_with_failing(true);
+        for _ in 0..3 {
+            assert_eq!(serve(&core, Via::Shm, 0), Kind::Response);
+        }
+        assert_eq!(serve(&core, Via::Tcp, 0), Kind::Response);
+        assert_eq!(serve(&core, Via::Unix, 1), Kind::Error);
+        let id = core.registry.get(0).expect("identity").stats.snapshot();
+        assert_eq!(id.success.count, 4);
+        assert_eq!((id.inference_count, id.execution_count), (4, 4));
+        assert_eq!(id.fail.count, 0);
+        assert_eq!(id.by_via[Via::Shm as usize], 3);
+        assert_eq!(id.by_via[Via::Tcp as usize], 1);
+        assert_eq!(id.in_flight, 0);
+        assert_eq!(
+            id.request_hist.iter().sum::<u64>(),
+            4,
+            "every success timed"
+        );
+        assert_eq!(id.compute_hist.iter().sum::<u64>(), 4);
+        assert!(id.success.ns > 0 && id.compute_infer.ns > 0);
+        assert!(id.success.ns >= id.compute_infer.ns + id.queue.ns);
+        assert!(id.last_inference_ms > 0);
+        let f = core.registry.get(1).expect("failing").stats.snapshot();
+        assert_eq!((f.success.count, f.fail.count), (0, 1));
+        assert!(f.fail.ns > 0, "a failure is timed from its arrival");
+        assert_eq!(f.by_via[Via::Unix as usize], 1);
+        assert_eq!(f.in_flight, 0);
+    }
+
+    #[test]
+    fn refusals_and_abandoned_requests_are_failures() {
+        let core = core_with_failing(true);
+        let stats = &core.registry.get(0).expect("identity").stats;
+        // Refused in prepare: descriptors that do not fit the payload.
+        let (mut h, d) = request(8);
+        h.payload_len = 4;
+        let tl = core.timeline(&h);
+        let r = core.prepare_via(Via::Tcp, &h, &d, &core.limits, Placement::Payload, &tl);
+        assert_eq!(r.expect_err("refused").header.kind, Kind::Error);
+        assert_eq!(stats.snapshot().fail.count, 1);
+        assert_eq!(stats.in_flight(), 0, "a refusal is never in flight");
+        // Prepared, then dropped without an answer (the peer went away).
+        let (h, d) = request(8);
+        let p = core
+            .prepare_via(Via::Tcp, &h, &d, &core.limits, Placement::Payload, &tl)
+            .expect("prepared");
+        assert_eq!(stats.in_flight(), 1);
+        drop(p);
+        let v = stats.snapshot();
+        assert_eq!((v.success.count, v.fail.count, v.in_flight), (0, 2, 0));
+        assert_eq!(v.by_via[Via::Tcp as usize], 2);
+        // Refused at shutdown: still this model's failure.
+        core.close_and_drain(Duration::ZERO);
+        let (h, d) = request(8);
+        assert!(core
+            .prepare_via(Via::Tcp, &h, &d, &core.limits, Placement::Payload, &tl)
+            .is_err());
+        assert_eq!(stats.snapshot().fail.count, 3);
+    }
+
+    #[test]
+    fn without_request_timing_only_counts_move() {
+        let core = core_with_failing(false);
+        assert!(!core.request_timing());
+        assert_eq!(serve(&core, Via::Inproc, 0), Kind::Response);
+        assert_eq!(serve(&core, Via::Inproc, 1), Kind::Error);
+        let id = core.registry.get(0).expect("identity").stats.snapshot();
+        assert_eq!(id.success, crate::stats::CountNs { count: 1, ns: 0 });
+        assert_eq!(id.request_hist.iter().sum::<u64>(), 0);
+        assert!(id.last_inference_ms > 0, "last_inference without timing");
+        let f = core.registry.get(1).expect("failing").stats.snapshot();
+        assert_eq!(f.fail, crate::stats::CountNs { count: 1, ns: 0 });
+        // A timeline nobody asked for takes no stamps.
+        let (h, _) = request(8);
+        let mut tl = core.timeline(&h);
+        tl.stamp(Stage::Received);
+        assert_eq!(tl.get(Stage::Received), 0);
     }
 }

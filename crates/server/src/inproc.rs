@@ -5,10 +5,11 @@
 //! bytes after the caller's borrow ends.
 
 use crate::dispatch::{AgentCore, Reply};
+use crate::stats::Via;
 use engine::{OutputData, TensorView};
 use std::sync::Arc;
 use transport::inproc::{InprocReply, InprocRequest, InprocService};
-use wire::{Kind, Stage, Status, Timeline};
+use wire::{Kind, Placement, Stage, Status};
 
 /// Adapts an [`AgentCore`] to the in-process transport.
 pub struct InprocAgent(pub Arc<AgentCore>);
@@ -30,9 +31,16 @@ impl InprocService for InprocAgent {
                         &[],
                     );
                 }
-                let mut tl = Timeline::for_request(&h);
+                let mut tl = core.timeline(&h);
                 tl.stamp(Stage::Received);
-                match core.prepare(&h, req.desc, &core.limits) {
+                match core.prepare_via(
+                    Via::Inproc,
+                    &h,
+                    req.desc,
+                    &core.limits,
+                    Placement::Payload,
+                    &tl,
+                ) {
                     Err(r) => r,
                     Ok(prep) => {
                         if prep.tensors.len() != req.tensors.len()

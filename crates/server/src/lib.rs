@@ -11,7 +11,8 @@
 //! cross-core wake-up costs ~5 µs here — more than a Unix-socket round trip).
 //! The same [`dispatch`] code serves socket sessions, shared-memory sessions
 //! ([`shm_session`]: tensors read in place from the client's arena, outputs
-//! aliased or written into it) and in-process callers.
+//! aliased or written into it) and in-process callers, and keeps each
+//! model's request statistics ([`stats`]) on the way.
 
 mod agent;
 pub mod config;
@@ -26,8 +27,10 @@ pub mod session;
 pub mod shm_session;
 #[cfg(test)]
 mod shm_tests;
+pub mod stats;
 
 pub use agent::{Agent, AgentStats};
 pub use config::{AgentConfig, ConfigError, ModelConfig};
 pub use registry::{ModelEntry, ModelRegistry, NewModel};
 pub use shm_session::ShmSettings;
+pub use stats::{ModelStats, StatsSnapshot, Via};

@@ -71,15 +71,23 @@ impl ModelQueue {
     }
 
     /// Waits for this request's turn, runs `f` on the calling thread, and
-    /// stamps `Queued`, `ComputeStart` and `ComputeEnd` on `timeline`.
+    /// stamps `Queued`, `ComputeStart` and `ComputeEnd` on `timeline`. A
+    /// request admitted at once (one compare-and-swap) gets its `Queued`
+    /// time as `ComputeStart` too, rather than a second clock read
+    /// (~30 ns) for a wait of a few ns.
     pub fn run<R>(&self, timeline: &mut Timeline, f: impl FnOnce() -> R) -> R {
         timeline.stamp(Stage::Queued);
-        if !self.try_admit_at_once() {
+        let waited = !self.try_admit_at_once();
+        if waited {
             self.admit_in_turn();
         }
         // Released on every exit, including a panic inside `f`.
         let _slot = Slot(self);
-        timeline.stamp(Stage::ComputeStart);
+        if waited {
+            timeline.stamp(Stage::ComputeStart);
+        } else {
+            timeline.set(Stage::ComputeStart, timeline.get(Stage::Queued));
+        }
         let r = f();
         timeline.stamp(Stage::ComputeEnd);
         r
@@ -178,6 +186,9 @@ mod tests {
         assert_eq!(v, 5);
         assert!(tl.get(Stage::Queued) <= tl.get(Stage::ComputeStart));
         assert!(tl.get(Stage::ComputeStart) <= tl.get(Stage::ComputeEnd));
+        // Admitted at once: no second clock read for a wait of one CAS.
+        assert_ne!(tl.get(Stage::Queued), 0);
+        assert_eq!(tl.get(Stage::Queued), tl.get(Stage::ComputeStart));
         assert_eq!(q.stats().completed, 1);
     }
 

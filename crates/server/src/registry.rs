@@ -15,6 +15,7 @@
 
 use crate::config::{AgentConfig, ModelConfig};
 use crate::queue::ModelQueue;
+use crate::stats::ModelStats;
 use arc_swap::ArcSwap;
 use engine::{Backend, EngineError, IdentityBackend, OrtBackend, OrtOptions};
 use std::collections::HashMap;
@@ -38,6 +39,8 @@ pub struct ModelEntry {
     /// inputs at those inputs (identity: nothing moves) and copy owned
     /// outputs into the arena once (counted).
     pub outputs_in_place: bool,
+    /// Its request statistics (every transport and front door).
+    pub stats: ModelStats,
 }
 
 impl ModelEntry {
@@ -156,6 +159,7 @@ impl ModelRegistry {
                 queue: ModelQueue::new(m.concurrency),
                 backend: m.backend,
                 outputs_in_place: m.outputs_in_place,
+                stats: ModelStats::default(),
             })));
             id
         })

@@ -22,11 +22,12 @@
 use crate::conns::{Phase, Slot};
 use crate::dispatch::{AgentCore, Reply};
 use crate::reactor::{Step, Task};
+use crate::stats::Via;
 use engine::TensorView;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use transport::{RecvError, StreamConn};
-use wire::{Kind, Limits, Stage, Status, Timeline};
+use wire::{Kind, Limits, Placement, Stage, Status};
 
 /// One socket connection's state between its turns on a worker.
 pub struct SocketSession {
@@ -37,12 +38,15 @@ pub struct SocketSession {
     slot: Slot,
     /// Parked with part of a message read ([`Phase::Stalled`]).
     stalled: bool,
+    /// Its transport (unix or tcp), for the models' statistics.
+    via: Via,
 }
 
 impl SocketSession {
-    /// A session for a freshly accepted `conn` (put in parking mode here),
-    /// holding `slot` in the agent's connection table until it ends.
-    pub fn new(core: Arc<AgentCore>, mut conn: StreamConn, slot: Slot) -> SocketSession {
+    /// A session for a freshly accepted `conn` (put in parking mode here)
+    /// that came `via` unix or tcp, holding `slot` in the agent's
+    /// connection table until it ends.
+    pub fn new(core: Arc<AgentCore>, mut conn: StreamConn, slot: Slot, via: Via) -> SocketSession {
         conn.set_parking(true);
         SocketSession {
             core,
@@ -50,6 +54,7 @@ impl SocketSession {
             limits: None,
             slot,
             stalled: false,
+            via,
         }
     }
 
@@ -111,9 +116,9 @@ impl SocketSession {
     fn request(&mut self, h: &wire::Header, desc: &[u8], limits: &Limits) -> bool {
         let core = &*self.core;
         let conn = &mut self.conn;
-        let mut tl = Timeline::for_request(h);
+        let mut tl = core.timeline(h);
         tl.stamp(Stage::Received);
-        let prep = match core.prepare(h, desc, limits) {
+        let prep = match core.prepare_via(self.via, h, desc, limits, Placement::Payload, &tl) {
             Ok(p) => p,
             Err(reply) => {
                 return conn.skip_payload(h.payload_len).is_ok() && send(conn, &reply, &[])

@@ -69,6 +69,7 @@ use crate::conns::{Phase, Slot};
 use crate::dispatch::{AgentCore, Counters, Prepared, Reply};
 use crate::reactor::{Step, Task};
 use crate::region::{Blocks, OutputRegion};
+use crate::stats::Via;
 use engine::{OutputData, TensorView};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -397,12 +398,12 @@ impl<'a> Session<'a> {
     /// the outputs, answer. False when the session must end.
     fn request(&mut self, h: &wire::Header, desc: &[u8]) -> bool {
         let core = self.core;
-        let mut tl = Timeline::for_request(h);
+        let mut tl = core.timeline(h);
         tl.stamp(Stage::Received);
         let region = Placement::Region {
             len: self.layout.client_len as u64,
         };
-        let prep = match core.prepare_in(h, desc, &self.limits, region) {
+        let prep = match core.prepare_via(Via::Shm, h, desc, &self.limits, region, &tl) {
             Ok(p) => p,
             Err(reply) => return self.send(&reply),
         };
