@@ -8,9 +8,12 @@
 use crate::datatype::dtype_from_kserve;
 use crate::door::FrontDoor;
 use crate::metrics::Metrics;
+use crate::model_control;
 use crate::proto::infer_parameter::ParameterChoice;
+use crate::proto::model_config::SchedulingChoice;
 use crate::proto::model_infer_request::InferInputTensor;
 use crate::proto::InferParameter;
+use crate::proto::{DataType, ModelConfig};
 use crate::server::{parse_host_port, FrontendError, Running};
 use crate::service::EXTENSIONS;
 use crate::service::{
@@ -120,6 +123,17 @@ fn router(app: App) -> Router {
             get(model_stats),
         )
         .route("/metrics", get(metrics))
+        .route("/v2/models/{name}/config", get(model_config))
+        .route(
+            "/v2/models/{name}/versions/{version}/config",
+            get(model_config),
+        )
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/models/{name}/load", post(repository_load))
+        .route(
+            "/v2/repository/models/{name}/unload",
+            post(repository_unload),
+        )
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/versions/{version}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
@@ -176,6 +190,7 @@ fn status_response(s: &Status) -> Response {
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
         Code::AlreadyExists => StatusCode::CONFLICT,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::FailedPrecondition => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(code, s.message())
@@ -215,13 +230,176 @@ async fn model_stats(State(app): State<App>, Path(p): Path<HashMap<String, Strin
     }
 }
 
+/// Triton's model configuration extension: the config as JSON, with
+/// Triton's field and enum names.
+async fn model_config(State(app): State<App>, Path(p): Path<HashMap<String, String>>) -> Response {
+    let (name, version) = name_version(&p);
+    match model_control::config(&app.door, &name, &version) {
+        Ok(c) => json_response(StatusCode::OK, &config_json(&c)),
+        Err(s) => status_response(&s),
+    }
+}
+
+/// The optional JSON body of a repository call: an object, or nothing.
+fn repository_body(body: &Bytes) -> Result<Map<String, Value>, Status> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad("the request body must be a JSON object")),
+        Err(e) => Err(bad(format!("the request body is not valid JSON ({e})"))),
+    }
+}
+
+/// `POST v2/repository/index` (body `{"ready": bool}`, optional): a JSON
+/// array of `{name, version, state, reason}`.
+async fn repository_index(State(app): State<App>, body: Bytes) -> Response {
+    let ready = match repository_body(&body) {
+        Ok(m) => m.get("ready").and_then(Value::as_bool).unwrap_or(false),
+        Err(s) => return status_response(&s),
+    };
+    match model_control::index(&app.door, ready) {
+        Ok(models) => {
+            let list: Vec<Value> = models
+                .into_iter()
+                .map(|m| {
+                    let mut o = Map::new();
+                    o.insert("name".into(), json!(m.name));
+                    if !m.version.is_empty() {
+                        o.insert("version".into(), json!(m.version));
+                    }
+                    if !m.state.is_empty() {
+                        o.insert("state".into(), json!(m.state));
+                        o.insert("reason".into(), json!(m.reason));
+                    }
+                    Value::Object(o)
+                })
+                .collect();
+            json_response(StatusCode::OK, &Value::Array(list))
+        }
+        Err(s) => status_response(&s),
+    }
+}
+
+/// The parameter names of a repository call's body.
+fn parameter_names(m: &Map<String, Value>) -> Vec<String> {
+    m.get("parameters")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// `POST v2/repository/models/NAME/load`, on a blocking-pool thread.
+async fn repository_load(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let params = match repository_body(&body) {
+        Ok(m) => parameter_names(&m),
+        Err(s) => return status_response(&s),
+    };
+    if let Err(s) = model_control::refuse_parameters("load", params.iter().map(String::as_str)) {
+        return status_response(&s);
+    }
+    let door = app.door.clone();
+    let done =
+        tokio::task::spawn_blocking(move || model_control::load(&door, &name, &HashMap::new()))
+            .await;
+    match done {
+        Ok(Ok(())) => StatusCode::OK.into_response(),
+        Ok(Err(s)) => status_response(&s),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the load task failed: {e}"),
+        ),
+    }
+}
+
+/// `POST v2/repository/models/NAME/unload` (`unload_dependents` is
+/// accepted; there are no ensembles).
+async fn repository_unload(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let params = match repository_body(&body) {
+        Ok(m) => parameter_names(&m),
+        Err(s) => return status_response(&s),
+    };
+    let others = params.iter().filter(|p| *p != "unload_dependents");
+    if let Err(s) = model_control::refuse_parameters("unload", others.map(String::as_str)) {
+        return status_response(&s);
+    }
+    match model_control::unload(&app.door, &name, &HashMap::new()) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(s) => status_response(&s),
+    }
+}
+
+/// A model config as Triton's HTTP door writes it.
+fn config_json(c: &ModelConfig) -> Value {
+    let dtype = |d: i32| {
+        DataType::try_from(d)
+            .unwrap_or(DataType::TypeInvalid)
+            .as_str_name()
+    };
+    let mut o = Map::new();
+    o.insert("name".into(), json!(c.name));
+    o.insert("platform".into(), json!(c.platform));
+    o.insert("backend".into(), json!(c.backend));
+    o.insert("max_batch_size".into(), json!(c.max_batch_size));
+    let inputs: Vec<Value> = c
+        .input
+        .iter()
+        .map(|i| json!({"name": i.name, "data_type": dtype(i.data_type), "dims": i.dims, "optional": i.optional}))
+        .collect();
+    o.insert("input".into(), Value::Array(inputs));
+    let outputs: Vec<Value> = c
+        .output
+        .iter()
+        .map(|t| json!({"name": t.name, "data_type": dtype(t.data_type), "dims": t.dims}))
+        .collect();
+    o.insert("output".into(), Value::Array(outputs));
+    let groups: Vec<Value> = c
+        .instance_group
+        .iter()
+        .map(|g| json!({"name": g.name, "kind": g.kind().as_str_name(), "count": g.count, "gpus": g.gpus}))
+        .collect();
+    o.insert("instance_group".into(), Value::Array(groups));
+    o.insert(
+        "default_model_filename".into(),
+        json!(c.default_model_filename),
+    );
+    if let Some(SchedulingChoice::DynamicBatching(b)) = &c.scheduling_choice {
+        o.insert(
+            "dynamic_batching".into(),
+            json!({
+                "preferred_batch_size": b.preferred_batch_size,
+                "max_queue_delay_microseconds": b.max_queue_delay_microseconds,
+                "preserve_ordering": b.preserve_ordering,
+                "priority_levels": b.priority_levels,
+                "default_priority_level": b.default_priority_level,
+            }),
+        );
+    }
+    let params: Map<String, Value> = c
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), json!({"string_value": v.string_value})))
+        .collect();
+    o.insert("parameters".into(), Value::Object(params));
+    Value::Object(o)
+}
+
 /// Prometheus metrics, text format.
 async fn metrics(State(app): State<App>) -> Response {
     app.metrics.response()
 }
 
 async fn server_ready(State(app): State<App>) -> StatusCode {
-    if app.shared.ready(&app.door.core) {
+    if app.shared.ready(&app.door) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -233,7 +411,7 @@ async fn model_ready(State(app): State<App>, Path(p): Path<HashMap<String, Strin
     if let Err(s) = find_model(&app.door.core, &name, &version) {
         return status_response(&s);
     }
-    if app.shared.ready(&app.door.core) {
+    if app.shared.ready(&app.door) {
         StatusCode::OK.into_response()
     } else {
         error(
@@ -664,7 +842,7 @@ async fn shm_register(State(app): State<App>, Path(name): Path<String>, body: By
     let parsed = (|| -> Result<(String, u64, u64), Status> {
         let v: Value = serde_json::from_slice(&body).map_err(|e| {
             bad(format!(
-                "the register request is not valid JSON ({e}); expected                  {{\"key\": ..., \"offset\": ..., \"byte_size\": ...}}"
+                "the register request is not valid JSON ({e}); expected {{\"key\": ..., \"offset\": ..., \"byte_size\": ...}}"
             ))
         })?;
         let key = v

@@ -41,6 +41,7 @@ mod http;
 mod inputs;
 mod metrics;
 pub mod model_config;
+mod model_control;
 pub mod repository;
 mod server;
 mod service;

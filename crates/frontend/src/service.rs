@@ -23,6 +23,7 @@
 use crate::datatype::{dtype_from_kserve, kserve_datatype};
 use crate::door::FrontDoor;
 use crate::inputs::{gather, order_by_signature, Input};
+use crate::model_control;
 use crate::proto::grpc_inference_service_server::GrpcInferenceService;
 use crate::proto::infer_parameter::ParameterChoice;
 use crate::proto::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
@@ -30,13 +31,16 @@ use crate::proto::model_infer_response::InferOutputTensor;
 use crate::proto::model_metadata_response::TensorMetadata;
 use crate::proto::system_shared_memory_status_response::RegionStatus;
 use crate::proto::{
-    InferParameter, ModelInferRequest, ModelInferResponse, ModelMetadataRequest,
-    ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse, ModelStatisticsRequest,
-    ModelStatisticsResponse, ModelStreamInferResponse, ServerLiveRequest, ServerLiveResponse,
-    ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
-    SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse,
-    SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse,
-    SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse,
+    InferParameter, ModelConfigRequest, ModelConfigResponse, ModelInferRequest, ModelInferResponse,
+    ModelMetadataRequest, ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse,
+    ModelStatisticsRequest, ModelStatisticsResponse, ModelStreamInferResponse,
+    RepositoryIndexRequest, RepositoryIndexResponse, RepositoryModelLoadRequest,
+    RepositoryModelLoadResponse, RepositoryModelUnloadRequest, RepositoryModelUnloadResponse,
+    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse,
+    ServerReadyRequest, ServerReadyResponse, SystemSharedMemoryRegisterRequest,
+    SystemSharedMemoryRegisterResponse, SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
+    SystemSharedMemoryUnregisterResponse,
 };
 use crate::statistics::{model_statistics, Refusal};
 use crate::sysshm::{shm_ref, ShmOutput, ShmRef, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
@@ -93,9 +97,10 @@ impl Shared {
         }
     }
 
-    /// Ready for requests: neither the agent nor the front door stopping.
-    pub(crate) fn ready(&self, core: &AgentCore) -> bool {
-        !core.is_closing() && !self.stopping.load(Ordering::Acquire)
+    /// Ready for requests: neither the agent nor the front door stopping,
+    /// and every model the agent should serve loaded.
+    pub(crate) fn ready(&self, door: &FrontDoor) -> bool {
+        !door.core.is_closing() && !self.stopping.load(Ordering::Acquire) && door.models_ready()
     }
 }
 
@@ -126,7 +131,7 @@ impl KServeService {
     }
 
     fn ready(&self) -> bool {
-        self.shared.ready(&self.door.core)
+        self.shared.ready(&self.door)
     }
 
     /// The model `name` at `version` ("" or the served one), or NOT_FOUND.
@@ -224,6 +229,51 @@ impl GrpcInferenceService for KServeService {
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
         let req = request.into_inner();
         model_statistics(&self.door.core, &req.name, &req.version).map(Response::new)
+    }
+
+    /// Triton's model configuration extension.
+    async fn model_config(
+        &self,
+        request: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        let req = request.into_inner();
+        let config = model_control::config(&self.door, &req.name, &req.version)?;
+        Ok(Response::new(ModelConfigResponse {
+            config: Some(config),
+        }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let req = request.into_inner();
+        let models = model_control::index(&self.door, req.ready)?;
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    /// Loads on a blocking-pool thread (ONNX Runtime session creation).
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let req = request.into_inner();
+        let door = self.door.clone();
+        tokio::task::spawn_blocking(move || {
+            model_control::load(&door, &req.model_name, &req.parameters)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the load task failed: {e}")))??;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        let req = request.into_inner();
+        model_control::unload(&self.door, &req.model_name, &req.parameters)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 
     async fn model_infer(

@@ -70,6 +70,11 @@ impl ModelQueue {
         }
     }
 
+    /// How many runs it admits at once.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
     /// Waits for this request's turn, runs `f` on the calling thread, and
     /// stamps `Queued`, `ComputeStart` and `ComputeEnd` on `timeline`. A
     /// request admitted at once (one compare-and-swap) gets its `Queued`

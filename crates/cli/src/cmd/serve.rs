@@ -66,6 +66,22 @@ pub struct Args {
     /// 0). TOML: [stats] request_timing = false.
     #[arg(long)]
     no_request_timing: bool,
+    /// A Triton-layout model repository to serve: DIR/<model>/<version>/model.onnx,
+    /// with an optional DIR/<model>/config.pbtxt.
+    #[arg(long, value_name = "DIR")]
+    model_repository: Option<PathBuf>,
+    /// How repository models are loaded: none (all at start, no changes),
+    /// explicit (those named by --load-model at start; clients load and
+    /// unload), poll (all at start; the directory is rescanned).
+    #[arg(long, value_name = "MODE", default_value = "none")]
+    model_control_mode: frontend::ControlMode,
+    /// Poll mode: seconds between rescans of the repository.
+    #[arg(long, value_name = "SECS", default_value_t = 15)]
+    repository_poll_secs: u64,
+    /// Explicit mode: a repository model to load at start (repeatable; `*`
+    /// loads all).
+    #[arg(long = "load-model", value_name = "NAME")]
+    load_models: Vec<String>,
     /// Seconds in-flight requests get to finish on shutdown.
     #[arg(long, default_value_t = 30)]
     grace: u64,
@@ -140,6 +156,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
+    let agent_threads = (cfg.intra_threads, cfg.inter_threads);
     let agent = Agent::start(cfg)?;
     for m in agent.core().registry.models() {
         let s = m.signature();
@@ -150,9 +167,34 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             describe(s)
         );
     }
+    let repository = match &a.model_repository {
+        None if !a.load_models.is_empty() => {
+            agent.shutdown(Duration::ZERO);
+            return Err("--load-model needs --model-repository DIR".into());
+        }
+        None => None,
+        Some(dir) => {
+            let opts = frontend::RepositoryOptions {
+                root: dir.clone(),
+                mode: a.model_control_mode,
+                poll_interval: Duration::from_secs(a.repository_poll_secs),
+                load_at_start: a.load_models.clone(),
+                intra_threads: agent_threads.0,
+                inter_threads: agent_threads.1,
+            };
+            match frontend::Repository::open(opts, agent.core().clone()) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    agent.shutdown(Duration::ZERO);
+                    return Err(e.to_string().into());
+                }
+            }
+        }
+    };
+    let poller = repository.as_ref().and_then(|r| r.start_polling());
     // One front-door state for every KServe listener, as Triton has one
     // server behind its HTTP and gRPC endpoints.
-    let door = frontend::FrontDoor::new(agent.core().clone());
+    let door = frontend::FrontDoor::with_repository(agent.core().clone(), repository);
     let mut frontends = Vec::with_capacity(grpc_listen.len());
     for l in &grpc_listen {
         match frontend::GrpcFrontend::start(l, door.clone()) {
@@ -221,6 +263,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     for f in &http_frontends {
         f.set_not_ready();
     }
+    drop(poller);
     let unfinished = agent.shutdown(Duration::from_secs(a.grace));
     for f in frontends {
         f.shutdown();
