@@ -171,6 +171,67 @@ fn shutdown_finishes_requests_in_flight_and_refuses_new_ones() {
     });
 }
 
+/// The status of `GET path` on the HTTP front door at `addr`.
+fn http_status(addr: &str, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the HTTP front door");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {reply:?}"))
+}
+
+/// What an orchestrator sees while the agent stops, in the order
+/// `tensorwire serve` stops: the front door turns not-ready first (a
+/// Kubernetes readiness probe takes the pod out of rotation), liveness
+/// stays up, the agent then drains, and a request in flight still gets
+/// its answer.
+#[test]
+fn kserve_readiness_turns_false_before_the_drain_and_stays_false() {
+    within(LIMIT, "readiness during shutdown", || {
+        let mut ta = slow_agent(Duration::from_millis(800));
+        let core = ta.agent().core().clone();
+        let door = frontend::FrontDoor::new(core.clone());
+        let http =
+            frontend::HttpFrontend::start("http://127.0.0.1:0", door).expect("HTTP front door");
+        let addr = http.uri().trim_start_matches("http://").to_string();
+        assert_eq!(http_status(&addr, "/v2/health/ready"), 200);
+        let a = connect(&ta.unix);
+        let data = pattern(64, 3);
+        let t = a
+            .model("slow")
+            .expect("slow")
+            .submit(&[TensorRef::new(DType::U8, &[64], &data).expect("t")])
+            .expect("submit");
+        wait_until(Duration::from_secs(5), "the slow request in flight", || {
+            core.in_flight() == 1
+        });
+        http.set_not_ready();
+        assert_eq!(http_status(&addr, "/v2/health/ready"), 503);
+        assert_eq!(http_status(&addr, "/v2/health/live"), 200);
+        let agent = ta.take();
+        let shut = std::thread::spawn(move || agent.shutdown(Duration::from_secs(10)));
+        wait_until(Duration::from_secs(5), "shutdown begins", || {
+            core.is_closing()
+        });
+        assert_eq!(http_status(&addr, "/v2/health/ready"), 503);
+        let r = t.wait().expect("the request in flight completes");
+        assert_eq!(r.outputs[0].bytes(), &data[..]);
+        assert_eq!(shut.join().expect("shutdown thread"), 0);
+        http.shutdown();
+    });
+}
+
 #[test]
 fn shutdown_whose_grace_runs_out_does_not_leave_clients_hanging() {
     within(LIMIT, "grace expiry", || {
