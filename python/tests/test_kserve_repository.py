@@ -224,4 +224,4 @@ def test_a_model_that_cannot_load_stops_the_start(repo):
         text=True,
         timeout=60,
     )
-    assert p.returncode != 0 and "--load-model needs --model-repository" in p.stderr
+    assert p.returncode != 0 and "need --model-repository" in p.stderr

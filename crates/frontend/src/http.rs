@@ -332,9 +332,18 @@ async fn repository_unload(
     if let Err(s) = model_control::refuse_parameters("unload", others.map(String::as_str)) {
         return status_response(&s);
     }
-    match model_control::unload(&app.door, &name, &HashMap::new()) {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(s) => status_response(&s),
+    // On a blocking-pool thread: unload waits for a load in progress.
+    let door = app.door.clone();
+    let done =
+        tokio::task::spawn_blocking(move || model_control::unload(&door, &name, &HashMap::new()))
+            .await;
+    match done {
+        Ok(Ok(())) => StatusCode::OK.into_response(),
+        Ok(Err(s)) => status_response(&s),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the unload task failed: {e}"),
+        ),
     }
 }
 

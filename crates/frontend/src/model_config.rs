@@ -228,6 +228,22 @@ pub fn check_against(c: &ModelConfig, sig: &ModelSignature) -> Result<(), String
         }
         Ok(())
     };
+    if batched {
+        // Every tensor needs the batch dimension, declared in the config
+        // or not.
+        for (kind, specs) in [("input", &sig.inputs), ("output", &sig.outputs)] {
+            if let Some(t) = specs
+                .iter()
+                .find(|t| !matches!(t.shape.first(), Some(None)))
+            {
+                return Err(format!(
+                    "max_batch_size is {} but the model's {kind} '{}' has no dynamic leading \
+                     (batch) dimension: set max_batch_size: 0",
+                    c.max_batch_size, t.name
+                ));
+            }
+        }
+    }
     for i in &c.input {
         check("input", &i.name, i.data_type, &i.dims, &sig.inputs)?;
     }
@@ -386,5 +402,11 @@ mod tests {
             .contains("'y'"));
         let unbatched = parse_pbtxt("input [ { name: \"x\", dims: [ -1, 64 ] } ]").expect("ok");
         assert_eq!(check_against(&unbatched, &sig()), Ok(()));
+        let mut fixed = sig();
+        fixed.outputs[0].shape[0] = Some(1);
+        let batched = parse_pbtxt("max_batch_size: 2").expect("ok");
+        assert!(check_against(&batched, &fixed)
+            .expect_err("fixed leading dim")
+            .contains("'logits'"));
     }
 }

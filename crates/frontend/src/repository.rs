@@ -187,6 +187,9 @@ pub struct Repository {
     slots: Mutex<BTreeMap<String, Slot>>,
     /// One load at a time (loads are slow; two of one model must not race).
     loading: Mutex<()>,
+    /// Poll mode: directories refused without a slot (a name a `--model`
+    /// model has), so each is reported once rather than every pass.
+    refused: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl fmt::Debug for Repository {
@@ -223,6 +226,7 @@ impl Repository {
             core,
             slots: Mutex::new(BTreeMap::new()),
             loading: Mutex::new(()),
+            refused: Mutex::new(std::collections::BTreeSet::new()),
         });
         let names = repo.scan()?;
         let at_start: Vec<String> = match repo.opts.mode {
@@ -315,11 +319,17 @@ impl Repository {
                 }
             });
         };
-        self.core.registry.remove(name);
+        let old = self.core.registry.remove(name);
         slot.state = ModelState::Unavailable;
         slot.reason = "unloaded".into();
         slot.version = None;
+        slot.config = None;
         slot.wanted = false;
+        drop(slots);
+        drop(_l);
+        // The engine sessions are freed here (or by the last request still
+        // running on the model), not under the repository's locks.
+        drop(old);
         eprintln!("tensorwire agent: model {name} unloaded");
         Ok(())
     }
@@ -360,9 +370,12 @@ impl Repository {
             }
         }
         for name in names {
-            if !known.iter().any(|(n, _, _)| *n == name) {
+            if !known.iter().any(|(n, _, _)| *n == name) && !lock(&self.refused).contains(&name) {
                 if let Err(e) = self.load_model(&name) {
                     eprintln!("tensorwire agent: model repository poll: {e}");
+                    if matches!(e, RepositoryError::Refused(_)) {
+                        lock(&self.refused).insert(name);
+                    }
                 }
             }
         }
@@ -384,9 +397,22 @@ impl Repository {
                 if flag.load(Ordering::Acquire) {
                     return;
                 }
-                repo.poll_once();
-            })
-            .ok()?;
+                let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    repo.poll_once();
+                }));
+                if pass.is_err() {
+                    eprintln!(
+                        "tensorwire agent: model repository poll: a pass panicked; polling goes on"
+                    );
+                }
+            });
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("tensorwire agent: cannot start the model repository poll thread: {e}");
+                return None;
+            }
+        };
         Some(Poller {
             stop,
             thread: Some(thread),
@@ -462,21 +488,29 @@ impl Repository {
                 reason: String::new(),
                 config: None,
                 stamp: Vec::new(),
-                wanted: true,
+                // An explicit load counts toward readiness once it has
+                // succeeded (a client's load must not take the server out
+                // of rotation while it runs); the other modes' models
+                // should be there from the start.
+                wanted: self.opts.mode != ControlMode::Explicit,
             });
             if !was_serving {
                 s.state = ModelState::Loading;
             }
-            s.wanted = true;
+            if self.opts.mode != ControlMode::Explicit {
+                s.wanted = true;
+            }
         }
         let outcome = self.try_load(name, &dir);
         let mut slots = self.slots();
         let Some(slot) = slots.get_mut(name) else {
+            // Slots are never removed, and this one was made above.
             return outcome.map(|_| ());
         };
         slot.stamp = stamp;
         match outcome {
             Ok((version, config)) => {
+                slot.wanted = true;
                 slot.state = ModelState::Ready;
                 slot.version = Some(version);
                 slot.reason = String::new();
@@ -494,6 +528,7 @@ impl Repository {
                     slot.state = ModelState::Unavailable;
                     slot.reason = e.to_string();
                     slot.version = None;
+                    slot.config = None;
                     // A failed explicit load leaves the server ready (the
                     // caller got the error); in the other modes the model
                     // should be there, and the server is not ready.

@@ -272,7 +272,13 @@ impl GrpcInferenceService for KServeService {
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
         let req = request.into_inner();
-        model_control::unload(&self.door, &req.model_name, &req.parameters)?;
+        let door = self.door.clone();
+        // On a blocking-pool thread: unload waits for a load in progress.
+        tokio::task::spawn_blocking(move || {
+            model_control::unload(&door, &req.model_name, &req.parameters)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the unload task failed: {e}")))??;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 

@@ -168,9 +168,16 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         );
     }
     let repository = match &a.model_repository {
-        None if !a.load_models.is_empty() => {
+        None if !a.load_models.is_empty()
+            || a.model_control_mode != frontend::ControlMode::None
+            || a.repository_poll_secs != 15 =>
+        {
             agent.shutdown(Duration::ZERO);
-            return Err("--load-model needs --model-repository DIR".into());
+            return Err(
+                "--load-model, --model-control-mode and --repository-poll-secs need \
+                 --model-repository DIR"
+                    .into(),
+            );
         }
         None => None,
         Some(dir) => {
