@@ -46,7 +46,8 @@ def _bench_python():
     return mod
 
 
-run_json = _bench_python().run_json
+_bp = _bench_python()
+run_json, write_results = _bp.run_json, _bp.write_results
 
 SIZES = (1 << 10, 16 << 20)
 
@@ -168,14 +169,7 @@ def main():
                 f"{bp[0]:.1f} [{bp[1]:.1f}–{bp[2]:.1f}] | {med(b, 'p99_us')[0]:.1f} | "
                 f"{q:.2f}× [{min(ratio):.2f}–{max(ratio):.2f}] |"
             )
-    table = "\n".join(lines)
-    print(table)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "results.json"), "w") as f:
-            json.dump({"rounds": a.rounds, "n": a.n, "runs": rows, "summary": summary}, f, indent=1)
-        with open(os.path.join(a.out, "table.md"), "w") as f:
-            f.write(table + "\n")
+    write_results(a.out, "\n".join(lines), {"rounds": a.rounds, "n": a.n, "runs": rows, "summary": summary})
 
 
 if __name__ == "__main__":

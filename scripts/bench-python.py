@@ -238,13 +238,17 @@ def main():
         f"{statistics.median(x[str(16 << 20)]['p99_us'] for x in rows['python-sizes/shm']):.2f} | {copied} |",
         f"| 16 MiB / 1 KiB | {statistics.median(ratio):.2f}× [{min(ratio):.2f}–{max(ratio):.2f}] | | |",
     ]
-    table = "\n".join(lines)
+    write_results(a.out, "\n".join(lines), {"rounds": a.rounds, "n": a.n, "runs": rows, "summary": summary})
+
+
+def write_results(out, table, results):
+    """Prints `table`; with `out`, writes results.json and table.md there."""
     print(table)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "results.json"), "w") as f:
-            json.dump({"rounds": a.rounds, "n": a.n, "runs": rows, "summary": summary}, f, indent=1)
-        with open(os.path.join(a.out, "table.md"), "w") as f:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        with open(os.path.join(out, "table.md"), "w") as f:
             f.write(table + "\n")
 
 

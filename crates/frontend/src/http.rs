@@ -558,7 +558,7 @@ fn infer(
     let req = parse_request(&body, header_len)?;
     refusal.passed();
     let wanted: Vec<Requested> = req.outputs.iter().map(|(r, _)| r.clone()).collect();
-    let outputs = infer_over_core(door, shared, name, version, req.tensors, req.raw, &wanted)?;
+    let outputs = infer_over_core(door, shared, &model, req.tensors, req.raw, &wanted)?;
     let mut binary = Vec::new();
     let mut json_outputs = Vec::with_capacity(outputs.len());
     for o in outputs {

@@ -425,14 +425,12 @@ fn infer(
     mut req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Status> {
     let wanted = requested(&req.outputs)?;
-    let version = find_model(&door.core, &req.model_name, &req.model_version)?
-        .version
-        .to_string();
+    let model = find_model(&door.core, &req.model_name, &req.model_version)?;
+    let version = model.version.to_string();
     let outputs = infer_over_core(
         door,
         shared,
-        &req.model_name,
-        &req.model_version,
+        &model,
         std::mem::take(&mut req.inputs),
         std::mem::take(&mut req.raw_input_contents),
         &wanted,
@@ -530,7 +528,8 @@ pub(crate) struct Output {
     pub shm: Option<Placed>,
 }
 
-/// The shared path of both front doors: finds the model, checks and
+/// The shared path of both front doors, for `model` (the caller looked it
+/// up, by name and version, so an unknown one is refused first): checks and
 /// gathers the inputs (`tensors` with `raw` bytes for all or none of those
 /// not in shared memory, as KServe v2 gRPC's `raw_input_contents`), leases
 /// the shared-memory bytes the request reads and writes (inputs are read
@@ -545,14 +544,12 @@ pub(crate) struct Output {
 pub(crate) fn infer_over_core(
     door: &FrontDoor,
     shared: &Shared,
-    model_name: &str,
-    model_version: &str,
+    model: &ModelEntry,
     tensors: Vec<InferInputTensor>,
     raw: Vec<Bytes>,
     wanted: &[Requested],
 ) -> Result<Vec<Output>, Status> {
     let core = &*door.core;
-    let model = find_model(core, model_name, model_version)?;
     // Arrival, for the model's statistics (front-door clients cannot ask
     // for the timeline; it stamps when the agent times requests). From
     // here until the core takes the request, a refusal is counted by
@@ -646,7 +643,7 @@ pub(crate) fn infer_over_core(
     // checked before it; with a backend that writes into caller buffers,
     // the engine writes them in place.
     let planned = if dests.iter().any(Option::is_some) {
-        planned_outputs(&model, &inputs)
+        planned_outputs(model, &inputs)
     } else {
         None
     };
