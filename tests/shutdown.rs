@@ -232,6 +232,52 @@ fn kserve_readiness_turns_false_before_the_drain_and_stays_false() {
     });
 }
 
+/// The same, through `frontend::FrontDoors::shutdown_with`, the one
+/// sequence `tensorwire serve` and the Python `Agent` stop by: while the
+/// agent drains, the door already answers not-ready (and stays live); the
+/// request in flight is answered; then the door closes.
+#[test]
+fn front_doors_stop_around_the_drain_in_order() {
+    within(LIMIT, "FrontDoors::shutdown_with", || {
+        let mut ta = slow_agent(Duration::from_millis(800));
+        let core = ta.agent().core().clone();
+        let doors = frontend::FrontDoors::start(
+            core.clone(),
+            frontend::DoorsConfig {
+                http: vec!["http://127.0.0.1:0".into()],
+                ..frontend::DoorsConfig::default()
+            },
+        )
+        .expect("front doors");
+        let addr = doors.uris()[0].trim_start_matches("http://").to_string();
+        assert_eq!(http_status(&addr, "/v2/health/ready"), 200);
+        let a = connect(&ta.unix);
+        let data = pattern(64, 3);
+        let t = a
+            .model("slow")
+            .expect("slow")
+            .submit(&[TensorRef::new(DType::U8, &[64], &data).expect("t")])
+            .expect("submit");
+        wait_until(Duration::from_secs(5), "the slow request in flight", || {
+            core.in_flight() == 1
+        });
+        let agent = ta.take();
+        let shut = std::thread::spawn(move || doors.shutdown_with(agent, Duration::from_secs(10)));
+        wait_until(Duration::from_secs(5), "shutdown begins", || {
+            core.is_closing()
+        });
+        assert_eq!(http_status(&addr, "/v2/health/ready"), 503);
+        assert_eq!(http_status(&addr, "/v2/health/live"), 200);
+        let r = t.wait().expect("the request in flight completes");
+        assert_eq!(r.outputs[0].bytes(), &data[..]);
+        assert_eq!(shut.join().expect("shutdown thread"), 0);
+        assert!(
+            std::net::TcpStream::connect(&addr).is_err(),
+            "the door is closed after the drain"
+        );
+    });
+}
+
 #[test]
 fn shutdown_whose_grace_runs_out_does_not_leave_clients_hanging() {
     within(LIMIT, "grace expiry", || {

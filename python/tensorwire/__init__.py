@@ -405,7 +405,18 @@ class Agent:
 
     ``models``: name -> ONNX file (``identity`` is always served).
     ``listen``: endpoints, ``inproc://name`` included (for clients in this
-    process). ``config``: a TOML file as for ``tensorwire serve --config``.
+    process), and the KServe v2 front doors ``grpc://HOST:PORT`` and
+    ``http://HOST:PORT`` (port 0 picks a free one), which stock
+    ``tritonclient.grpc`` / ``tritonclient.http`` clients talk to:
+
+        agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+                         listen=["shm://demo", "grpc://127.0.0.1:8001",
+                                 "http://127.0.0.1:8000"])
+
+    ``config``: a TOML file as for ``tensorwire serve --config`` (front
+    doors in its ``listen`` list are started too). Every URI is checked
+    before anything starts; a bad one, or one that cannot be bound, raises
+    :class:`AgentError` naming it, and leaves nothing running.
     Stops with :meth:`stop`, at the end of a ``with`` block, or when
     garbage-collected.
     """
@@ -438,7 +449,8 @@ class Agent:
 
     @property
     def endpoints(self) -> List[str]:
-        """The endpoints listened on (``tcp://…:0`` resolved to its port)."""
+        """The endpoints listened on: the agent's own, then its front doors
+        (``grpc://…``, then ``http://…``), each ``…:0`` resolved to its port."""
         return self._a.endpoints
 
     @property
@@ -451,6 +463,9 @@ class Agent:
         return dict(self._a.stats())
 
     def stop(self, grace: float = 5.0) -> int:
-        """Refuses new requests, gives those in flight up to ``grace``
-        seconds, closes every session; returns how many were unfinished."""
+        """Stops as ``tensorwire serve`` does: the front doors answer
+        not-ready, the agent refuses new requests and gives those in flight
+        (front-door ones included) up to ``grace`` seconds, closes every
+        session, then the front doors close. Returns how many requests were
+        unfinished."""
         return self._a.stop(grace)

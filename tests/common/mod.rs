@@ -815,6 +815,31 @@ impl ServeProcess {
     /// Like [`ServeProcess::spawn`], listening on `<dir>/s.sock` (which may
     /// be left over from an agent that died).
     pub fn spawn_in(dir: &Path, extra: &[&str]) -> ServeProcess {
+        let listens = 1 + extra.iter().filter(|a| **a == "--listen").count();
+        ServeProcess::spawn_expecting(dir, extra, listens)
+    }
+
+    /// Like [`ServeProcess::spawn`], with `--config <dir>/agent.toml`
+    /// holding `toml`; waits for a `listening on` line for every URI of
+    /// its `listen` list too.
+    pub fn spawn_with_config(toml: &str, extra: &[&str]) -> ServeProcess {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, toml).expect("write the config file");
+        let cfg = server::AgentConfig::from_toml(toml).expect("a valid config");
+        let path = path.to_str().expect("a UTF-8 path").to_string();
+        let mut args = vec!["--config", path.as_str()];
+        args.extend_from_slice(extra);
+        let listens = 1
+            + cfg.listen.len()
+            + cfg.front_doors.len()
+            + extra.iter().filter(|a| **a == "--listen").count();
+        let mut p = ServeProcess::spawn_expecting(dir.path(), &args, listens);
+        p._own_dir = Some(dir);
+        p
+    }
+
+    fn spawn_expecting(dir: &Path, extra: &[&str], listens: usize) -> ServeProcess {
         let sock_path = dir.join("s.sock");
         let stderr_path = dir.join(format!(
             "stderr-{}.log",
@@ -831,7 +856,6 @@ impl ServeProcess {
             .stdout(Stdio::piped())
             .stderr(stderr);
         let mut child = cmd.spawn().expect("spawn tensorwire serve");
-        let listens = 1 + extra.iter().filter(|a| **a == "--listen").count();
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {

@@ -7,7 +7,8 @@
 //! tensors and the binary tensor data extension), so `tritonclient.grpc`,
 //! `tritonclient.http` and any other stock KServe v2 client work unmodified
 //! against `tensorwire serve --listen grpc://HOST:PORT` or `--listen
-//! http://HOST:PORT`. A call is not a second engine: both front doors turn
+//! http://HOST:PORT` (or those URIs in the config file's `listen` list, or
+//! in the Python `tensorwire.Agent(listen=[...])`). A call is not a second engine: both front doors turn
 //! each inference into a tensorwire request (header + descriptor
 //! section over the request's own tensor bytes) and runs it through
 //! `AgentCore::prepare` and `AgentCore::execute`, so it meets the same
@@ -29,6 +30,10 @@
 //! registered shared-memory regions and their use by requests), `http`
 //! (the REST routes over that same path), `door` (the state the doors
 //! share), `server` (the listeners and their tokio runtime),
+//! `doors` ([`FrontDoors`]: every door of one agent, the repository and
+//! the metrics listener started and stopped as one, in the order
+//! `tensorwire serve` and the Python `Agent` share; [`split_listen`] sorts
+//! a `listen` list into the agent's endpoints and the doors),
 //! `statistics` (Triton's statistics extension, over both doors),
 //! `metrics` (Prometheus `/metrics` on every HTTP front door and on the
 //! metrics-only [`MetricsListener`]), [`model_config`] (Triton's
@@ -37,6 +42,7 @@
 
 pub mod datatype;
 mod door;
+mod doors;
 mod http;
 mod inputs;
 mod metrics;
@@ -50,6 +56,7 @@ mod sysshm;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
 pub use door::FrontDoor;
+pub use doors::{split_listen, DoorsConfig, FrontDoors, SplitListen};
 pub use http::{parse_http_uri, HttpFrontend, HTTP_SCHEME};
 pub use metrics::{parse_metrics_uri, Metrics, MetricsListener};
 pub use repository::{ControlMode, Repository, RepositoryError, RepositoryOptions};

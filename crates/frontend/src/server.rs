@@ -75,6 +75,14 @@ pub enum FrontendError {
     /// The metrics registry could not be set up.
     #[error("cannot set up the metrics: {0}")]
     Metrics(String),
+    /// A `listen` URI is neither a front door nor an endpoint of the
+    /// agent's own (unknown scheme, or a bad endpoint).
+    #[error(transparent)]
+    Config(#[from] server::ConfigError),
+    /// The model repository could not be opened, or a model it should
+    /// serve at start could not be loaded.
+    #[error(transparent)]
+    Repository(#[from] crate::repository::RepositoryError),
 }
 
 /// The `HOST:PORT` of a `grpc://HOST:PORT` URI (port 0 picks a free one).

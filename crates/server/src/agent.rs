@@ -125,7 +125,9 @@ impl std::fmt::Debug for Agent {
 }
 
 impl Agent {
-    /// Validates `cfg`, loads its models and starts listening.
+    /// Validates `cfg`, loads its models and starts listening on
+    /// `cfg.listen`. `cfg.front_doors` (KServe gRPC/HTTP) are not served
+    /// here: start them over [`core`](Self::core) with `frontend::FrontDoors`.
     pub fn start(cfg: AgentConfig) -> Result<Agent, AgentError> {
         cfg.validate()?;
         let registry = ModelRegistry::load(&cfg)?;

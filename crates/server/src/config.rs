@@ -2,6 +2,7 @@
 //!
 //! ```toml
 //! listen = ["unix:///tmp/tensorwire.sock", "tcp://127.0.0.1:7070"]
+//!                          # also grpc://HOST:PORT, http://HOST:PORT: KServe front doors
 //! intra_threads = 2        # ONNX Runtime threads per run
 //! inter_threads = 1
 //!
@@ -37,6 +38,15 @@
 //! [stats]                  # per-model statistics and metrics; default shown
 //! request_timing = true    # time every request's stages (4 clock reads); false: counts only
 //! ```
+//!
+//! `listen` takes the agent's own endpoints (`unix://`, `tcp://`, `shm://`,
+//! `inproc://`, which go to [`AgentConfig::listen`]) and the KServe v2
+//! front doors (`grpc://HOST:PORT`, `http://HOST:PORT`, which go to
+//! [`AgentConfig::front_doors`]): this crate does not serve those itself
+//! (it knows no KServe); `tensorwire serve` and the Python `Agent` start
+//! them beside the agent with `frontend::FrontDoors`. Any other scheme is
+//! refused with an error naming the URI and the schemes there are
+//! ([`parse_listen`]).
 //!
 //! What each `[connections]` limit protects against: `max` keeps the agent
 //! inside its file-descriptor limit; `max_per_peer` stops one user (or one
@@ -182,6 +192,13 @@ struct ConfigFile {
 pub struct AgentConfig {
     /// Endpoints to listen on (`inproc://name` registers an in-process agent).
     pub listen: Vec<Endpoint>,
+    /// KServe v2 front doors from the `listen` list (`grpc://HOST:PORT`,
+    /// `http://HOST:PORT`), as given. [`Agent`](crate::Agent) does not
+    /// serve them (this crate knows no KServe): whoever starts the agent
+    /// starts them over its core (`tensorwire serve` and the Python `Agent`
+    /// do, with `frontend::FrontDoors`, which also checks the rest of each
+    /// URI). Only the scheme is checked here ([`parse_listen`]).
+    pub front_doors: Vec<String>,
     /// Models to load (the built-in `identity` is always served too).
     pub models: Vec<ModelConfig>,
     /// ONNX Runtime intra-op threads per run.
@@ -251,6 +268,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             listen: Vec::new(),
+            front_doors: Vec::new(),
             models: Vec::new(),
             intra_threads: 2,
             inter_threads: 1,
@@ -305,7 +323,7 @@ impl AgentConfig {
         })?;
         let mut cfg = AgentConfig::default();
         for l in &f.listen {
-            cfg.listen.push(parse_endpoint(l)?);
+            cfg.add_listen(l)?;
         }
         cfg.models = f.model;
         if let Some(n) = f.intra_threads {
@@ -352,6 +370,17 @@ impl AgentConfig {
         }
         cfg.request_timing = f.stats.request_timing.unwrap_or(cfg.request_timing);
         Ok(cfg)
+    }
+
+    /// Adds one `listen` URI: an endpoint of the agent's own to
+    /// [`listen`](Self::listen), a KServe front door to
+    /// [`front_doors`](Self::front_doors) ([`parse_listen`]).
+    pub fn add_listen(&mut self, uri: &str) -> Result<(), ConfigError> {
+        match parse_listen(uri)? {
+            Listen::Endpoint(ep) => self.listen.push(ep),
+            Listen::FrontDoor(uri) => self.front_doors.push(uri),
+        }
+        Ok(())
     }
 
     /// The arena sizes of a shared-memory session.
@@ -492,6 +521,45 @@ pub fn parse_endpoint(s: &str) -> Result<Endpoint, ConfigError> {
     Endpoint::parse(s).map_err(|e| ConfigError::Invalid(e.to_string()))
 }
 
+/// The schemes of the KServe v2 front doors a `listen` list may name
+/// (`grpc://HOST:PORT`, `http://HOST:PORT`); served by the frontend crate,
+/// not by this one.
+pub const FRONT_DOOR_SCHEMES: [&str; 2] = ["grpc", "http"];
+
+/// The schemes of the agent's own endpoints ([`Endpoint`]).
+const ENDPOINT_SCHEMES: [&str; 5] = ["inproc", "unix", "tcp", "shm", "vsock"];
+
+/// One entry of a `listen` list, sorted by its scheme.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// An endpoint the agent serves itself (`unix://`, `tcp://`, `shm://`,
+    /// `inproc://`).
+    Endpoint(Endpoint),
+    /// A KServe v2 front door (`grpc://…`, `http://…`), as given: only its
+    /// scheme is checked here; the frontend crate checks the rest and
+    /// serves it.
+    FrontDoor(String),
+}
+
+/// Sorts one `listen` URI by scheme: a KServe front door
+/// ([`FRONT_DOOR_SCHEMES`]) is kept as given, anything else must parse as
+/// an [`Endpoint`]. An unknown scheme is refused with an error naming the
+/// URI and every scheme there is.
+pub fn parse_listen(uri: &str) -> Result<Listen, ConfigError> {
+    match uri.split_once("://") {
+        Some((scheme, _)) if FRONT_DOOR_SCHEMES.contains(&scheme) => {
+            Ok(Listen::FrontDoor(uri.to_string()))
+        }
+        Some((scheme, _)) if !ENDPOINT_SCHEMES.contains(&scheme) => {
+            Err(ConfigError::Invalid(format!(
+                "bad listen address '{uri}': unknown scheme '{scheme}' (the agent's endpoints: \
+                 inproc://, unix://, tcp://, shm://; KServe v2 front doors: grpc://, http://)"
+            )))
+        }
+        _ => parse_endpoint(uri).map(Listen::Endpoint),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,7 +594,6 @@ mod tests {
     #[test]
     fn rejects_unknown_keys_and_bad_values() {
         assert!(AgentConfig::from_toml("lisen = []").is_err());
-        assert!(AgentConfig::from_toml("listen = [\"http://x\"]").is_err());
         let cfg = AgentConfig {
             intra_threads: 0,
             ..AgentConfig::default()
@@ -543,6 +610,49 @@ mod tests {
             .push(ModelConfig::parse_flag("a=y.onnx").unwrap());
         assert!(cfg.validate().is_err());
         assert!(ModelConfig::parse_flag("nopath").is_err());
+    }
+
+    #[test]
+    fn front_doors_in_the_listen_list_are_kept_apart() {
+        let cfg = AgentConfig::from_toml(
+            r#"listen = ["unix:///tmp/x.sock", "grpc://127.0.0.1:0", "http://[::1]:8000", "http://x"]"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.listen, vec![Endpoint::Unix("/tmp/x.sock".into())]);
+        // Kept as given, in order: the frontend checks HOST:PORT.
+        assert_eq!(
+            cfg.front_doors,
+            ["grpc://127.0.0.1:0", "http://[::1]:8000", "http://x"]
+        );
+        cfg.validate().unwrap();
+        assert!(AgentConfig::default().front_doors.is_empty());
+        assert_eq!(
+            parse_listen("grpc://h:1").unwrap(),
+            Listen::FrontDoor("grpc://h:1".into())
+        );
+        assert_eq!(
+            parse_listen("shm://a").unwrap(),
+            Listen::Endpoint(Endpoint::Shm("a".into()))
+        );
+    }
+
+    #[test]
+    fn unknown_listen_schemes_are_refused_naming_the_uri() {
+        for bad in ["https://h:1", "ftp://x", "grpcs://h:1"] {
+            let e = AgentConfig::from_toml(&format!("listen = [\"{bad}\"]"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(bad), "{e}");
+            assert!(e.contains("unknown scheme"), "{e}");
+            assert!(e.contains("grpc://") && e.contains("unix://"), "{e}");
+        }
+        // Known schemes keep their own, precise errors.
+        let e = AgentConfig::from_toml("listen = [\"tcp://nohost\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tcp://nohost") && e.contains("port"), "{e}");
+        let e = parse_listen("no-scheme").unwrap_err().to_string();
+        assert!(e.contains("no-scheme"), "{e}");
     }
 
     /// The TOML shown at the top of this file, as the file says it.

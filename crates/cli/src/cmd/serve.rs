@@ -1,7 +1,7 @@
 //! `tensorwire serve`: run an agent until SIGINT or SIGTERM.
 
 use super::CmdError;
-use server::{config::parse_endpoint, Agent, AgentConfig, ModelConfig};
+use server::{Agent, AgentConfig, ModelConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,7 +15,8 @@ pub struct Args {
     models: Vec<String>,
     /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0],
     /// shm://name, grpc://host:port for the KServe v2 gRPC front door, or
-    /// http://host:port for the KServe v2 HTTP/REST front door (repeatable).
+    /// http://host:port for the KServe v2 HTTP/REST front door (repeatable;
+    /// added to the config file's `listen` list, which takes the same URIs).
     #[arg(long = "listen", value_name = "URI")]
     listen: Vec<String>,
     /// A TOML config file with the same settings.
@@ -93,21 +94,13 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         Some(p) => AgentConfig::from_file(p)?,
         None => AgentConfig::default(),
     };
-    // gRPC front doors run beside the agent over its core; the agent's own
-    // listeners speak the tensorwire protocol.
-    let mut grpc_listen = Vec::new();
-    let mut http_listen = Vec::new();
-    for l in &a.listen {
-        if l.starts_with(frontend::GRPC_SCHEME) {
-            frontend::parse_grpc_uri(l).map_err(|e| e.to_string())?;
-            grpc_listen.push(l.clone());
-        } else if l.starts_with(frontend::HTTP_SCHEME) {
-            frontend::parse_http_uri(l).map_err(|e| e.to_string())?;
-            http_listen.push(l.clone());
-        } else {
-            cfg.listen.push(parse_endpoint(l)?);
-        }
-    }
+    // The KServe front doors (from the file's `listen` list, then the
+    // flags) run beside the agent over its core; the agent's own listeners
+    // speak the tensorwire protocol. Every URI is checked before anything
+    // starts.
+    let listen = frontend::split_listen(cfg.front_doors.iter().chain(&a.listen))
+        .map_err(|e| e.to_string())?;
+    cfg.listen.extend(listen.endpoints);
     if let Some(l) = &a.metrics_listen {
         frontend::parse_metrics_uri(l).map_err(|e| format!("--metrics-listen: {e}"))?;
     }
@@ -147,16 +140,42 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     if let Some(n) = a.shm_spin_us {
         cfg.shm_spin_us = n;
     }
-    if cfg.listen.is_empty() && grpc_listen.is_empty() && http_listen.is_empty() {
+    if cfg.listen.is_empty() && listen.grpc.is_empty() && listen.http.is_empty() {
         return Err(
             "nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into(),
         );
     }
+    let repository = match &a.model_repository {
+        None if !a.load_models.is_empty()
+            || a.model_control_mode != frontend::ControlMode::None
+            || a.repository_poll_secs != 15 =>
+        {
+            return Err(
+                "--load-model, --model-control-mode and --repository-poll-secs need \
+                 --model-repository DIR"
+                    .into(),
+            );
+        }
+        None => None,
+        Some(dir) => Some(frontend::RepositoryOptions {
+            root: dir.clone(),
+            mode: a.model_control_mode,
+            poll_interval: Duration::from_secs(a.repository_poll_secs),
+            load_at_start: a.load_models.clone(),
+            intra_threads: cfg.intra_threads,
+            inter_threads: cfg.inter_threads,
+        }),
+    };
+    let doors_cfg = frontend::DoorsConfig {
+        grpc: listen.grpc,
+        http: listen.http,
+        metrics: a.metrics_listen.clone(),
+        repository,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
-    let agent_threads = (cfg.intra_threads, cfg.inter_threads);
     let agent = Agent::start(cfg)?;
     for m in agent.core().registry.models() {
         let s = m.signature();
@@ -167,88 +186,24 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             describe(s)
         );
     }
-    let repository = match &a.model_repository {
-        None if !a.load_models.is_empty()
-            || a.model_control_mode != frontend::ControlMode::None
-            || a.repository_poll_secs != 15 =>
-        {
+    // The repository (its models load first), then the doors and the
+    // metrics listener; on failure what started is stopped again.
+    let doors = match frontend::FrontDoors::start(agent.core().clone(), doors_cfg) {
+        Ok(d) => d,
+        Err(e) => {
             agent.shutdown(Duration::ZERO);
-            return Err(
-                "--load-model, --model-control-mode and --repository-poll-secs need \
-                 --model-repository DIR"
-                    .into(),
-            );
+            return Err(e.to_string().into());
         }
-        None => None,
-        Some(dir) => {
-            let opts = frontend::RepositoryOptions {
-                root: dir.clone(),
-                mode: a.model_control_mode,
-                poll_interval: Duration::from_secs(a.repository_poll_secs),
-                load_at_start: a.load_models.clone(),
-                intra_threads: agent_threads.0,
-                inter_threads: agent_threads.1,
-            };
-            match frontend::Repository::open(opts, agent.core().clone()) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    agent.shutdown(Duration::ZERO);
-                    return Err(e.to_string().into());
-                }
-            }
-        }
-    };
-    let poller = repository.as_ref().and_then(|r| r.start_polling());
-    // One front-door state for every KServe listener, as Triton has one
-    // server behind its HTTP and gRPC endpoints.
-    let door = frontend::FrontDoor::with_repository(agent.core().clone(), repository);
-    let mut frontends = Vec::with_capacity(grpc_listen.len());
-    for l in &grpc_listen {
-        match frontend::GrpcFrontend::start(l, door.clone()) {
-            Ok(f) => frontends.push(f),
-            Err(e) => {
-                drop(frontends);
-                agent.shutdown(Duration::ZERO);
-                return Err(e.to_string().into());
-            }
-        }
-    }
-    let mut http_frontends = Vec::with_capacity(http_listen.len());
-    for l in &http_listen {
-        match frontend::HttpFrontend::start(l, door.clone()) {
-            Ok(f) => http_frontends.push(f),
-            Err(e) => {
-                drop(http_frontends);
-                drop(frontends);
-                agent.shutdown(Duration::ZERO);
-                return Err(e.to_string().into());
-            }
-        }
-    }
-    let metrics = match &a.metrics_listen {
-        None => None,
-        Some(l) => match frontend::MetricsListener::start(l, agent.core().clone()) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                drop(http_frontends);
-                drop(frontends);
-                agent.shutdown(Duration::ZERO);
-                return Err(e.to_string().into());
-            }
-        },
     };
     for ep in agent.endpoints() {
         // One line per endpoint on stdout, so scripts can wait for readiness.
         println!("listening on {ep}");
     }
-    for f in &frontends {
-        println!("listening on {}", f.uri());
+    for uri in doors.uris() {
+        println!("listening on {uri}");
     }
-    for f in &http_frontends {
-        println!("listening on {}", f.uri());
-    }
-    if let Some(m) = &metrics {
-        println!("metrics on {}", m.uri());
+    if let Some(uri) = doors.metrics_uri() {
+        println!("metrics on {uri}");
     }
     use std::io::Write;
     std::io::stdout().flush()?;
@@ -262,25 +217,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     let st = agent.stats();
     // The front doors say not-ready first; the agent then refuses new
     // requests (gRPC callers get UNAVAILABLE) and drains those in flight,
-    // gRPC ones included; the front doors then send their last responses
-    // and close.
-    for f in &frontends {
-        f.set_not_ready();
-    }
-    for f in &http_frontends {
-        f.set_not_ready();
-    }
-    drop(poller);
-    let unfinished = agent.shutdown(Duration::from_secs(a.grace));
-    for f in frontends {
-        f.shutdown();
-    }
-    for f in http_frontends {
-        f.shutdown();
-    }
-    if let Some(m) = metrics {
-        m.shutdown();
-    }
+    // front-door ones included; the front doors then send their last
+    // responses and close.
+    let unfinished = doors.shutdown_with(agent, Duration::from_secs(a.grace));
     if unfinished > 0 {
         eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
     }
