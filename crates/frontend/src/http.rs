@@ -6,7 +6,7 @@
 //! tensors and run through the same `infer_over_core` path.
 
 use crate::datatype::dtype_from_kserve;
-use crate::door::FrontDoor;
+use crate::door::{run_request, FrontDoor};
 use crate::metrics::Metrics;
 use crate::model_control;
 use crate::proto::infer_parameter::ParameterChoice;
@@ -512,17 +512,15 @@ async fn model_infer(
     };
     let (name, version) = name_version(&p);
     let (door, shared) = (app.door.clone(), app.shared.clone());
-    let answer = tokio::task::spawn_blocking(move || {
+    let free = door.model_free(&name);
+    match run_request(free, move || {
         infer(&door, &shared, &name, &version, body, header_len)
     })
-    .await;
-    match answer {
+    .await
+    {
         Ok(Ok(r)) => r,
         Ok(Err(s)) => status_response(&s),
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("the inference task failed: {e}"),
-        ),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
     }
 }
 

@@ -21,7 +21,7 @@
 //! an empty entry in `raw_output_contents`.
 
 use crate::datatype::{dtype_from_kserve, kserve_datatype};
-use crate::door::FrontDoor;
+use crate::door::{run_request, FrontDoor};
 use crate::inputs::{gather, order_by_signature, Input};
 use crate::model_control;
 use crate::proto::grpc_inference_service_server::GrpcInferenceService;
@@ -290,9 +290,10 @@ impl GrpcInferenceService for KServeService {
         let door = self.door.clone();
         let shared = self.shared.clone();
         let req = request.into_inner();
-        let answer = tokio::task::spawn_blocking(move || infer(&door, &shared, req))
+        let free = door.model_free(&req.model_name);
+        let answer = run_request(free, move || infer(&door, &shared, req))
             .await
-            .map_err(|e| Status::internal(format!("the inference task failed: {e}")))?;
+            .map_err(Status::internal)?;
         answer.map(Response::new)
     }
 
@@ -319,7 +320,8 @@ impl GrpcInferenceService for KServeService {
                 };
                 let _call = InFlight::enter(&shared);
                 let (d, s) = (door.clone(), shared.clone());
-                let answer = match tokio::task::spawn_blocking(move || infer(&d, &s, req)).await {
+                let free = d.model_free(&req.model_name);
+                let answer = match run_request(free, move || infer(&d, &s, req)).await {
                     Ok(Ok(r)) => ModelStreamInferResponse {
                         error_message: String::new(),
                         infer_response: Some(r),
@@ -329,7 +331,7 @@ impl GrpcInferenceService for KServeService {
                         infer_response: None,
                     },
                     Err(e) => ModelStreamInferResponse {
-                        error_message: format!("the inference task failed: {e}"),
+                        error_message: e,
                         infer_response: None,
                     },
                 };

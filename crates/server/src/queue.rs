@@ -75,6 +75,13 @@ impl ModelQueue {
         self.concurrency
     }
 
+    /// Whether a request arriving now would run without waiting: a run is
+    /// free and nobody waits. A hint only (it may change at once); callers
+    /// use it to choose where to run a request, never for correctness.
+    pub fn has_free_run(&self) -> bool {
+        self.word.load(Ordering::Relaxed) < self.concurrency as u64
+    }
+
     /// Waits for this request's turn, runs `f` on the calling thread, and
     /// stamps `Queued`, `ComputeStart` and `ComputeEnd` on `timeline`. A
     /// request admitted at once (one compare-and-swap) gets its `Queued`
