@@ -220,6 +220,85 @@ fn load_suite_quick() {
     }
 }
 
+/// The agent's KServe front doors as bench targets, beside the tonic peer:
+/// identity (empty and 4 KiB, 1 and 2 clients) and LeNet, and an agent
+/// already running, reached with `--connect grpc://` and `http://`.
+#[test]
+fn front_door_targets() {
+    let quick = ["--duration", "0.3", "--warmup", "20"];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args = vec![
+        "--transports",
+        "grpc,http",
+        "--peers",
+        "grpc",
+        "--size",
+        "0,4K",
+        "--clients",
+        "1,2",
+    ];
+    args.extend(quick);
+    let r = run_bench(&args, dir.path(), Duration::from_secs(300));
+    let rows = check_results(&r, dir.path());
+    for t in ["tensorwire grpc", "tensorwire http"] {
+        let x = row(&rows, t, "identity");
+        assert_eq!(x["peer"], false, "the front doors are tensorwire: {x}");
+        assert_eq!(x["transport"], t.trim_start_matches("tensorwire "));
+    }
+    // The peer on tcp only (the doors are not transports it has).
+    assert!(rows.iter().any(|r| r["target"] == "grpc tcp"));
+    assert!(rows.iter().all(|r| r["target"] != "grpc grpc"));
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["tensor_bytes"] == 4096 && r["clients"] == 2)
+            .count(),
+        3,
+        "every target at 4 KiB with 2 clients: {rows:?}"
+    );
+    let report = std::fs::read_to_string(dir.path().join("report.md")).expect("report");
+    assert!(
+        report.contains("tensorwire grpc / grpc tcp"),
+        "the report compares the gRPC door with the peer"
+    );
+
+    // A real model through both doors: inputs named as the model declares
+    // them, or the door would refuse the request.
+    let model = format!("lenet={}", common::built("lenet_digits.onnx").display());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args = vec!["--model", &model, "--transports", "grpc,http"];
+    args.extend(quick);
+    let rows = check_results(
+        &run_bench(&args, dir.path(), Duration::from_secs(300)),
+        dir.path(),
+    );
+    for t in ["tensorwire grpc", "tensorwire http"] {
+        assert!(num(row(&rows, t, "lenet"), "p50_us") > 0.0);
+    }
+
+    // --connect to the doors of an agent already running.
+    let agent = common::ServeProcess::spawn(&[
+        "--listen",
+        "grpc://127.0.0.1:0",
+        "--listen",
+        "http://127.0.0.1:0",
+    ]);
+    for scheme in ["grpc://", "http://"] {
+        let uri = agent
+            .uris
+            .iter()
+            .find(|u| u.starts_with(scheme))
+            .unwrap_or_else(|| panic!("no {scheme} door in {:?}", agent.uris));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut args = vec!["--connect", uri.as_str(), "--size", "1K"];
+        args.extend(quick);
+        let rows = check_results(
+            &run_bench(&args, dir.path(), Duration::from_secs(120)),
+            dir.path(),
+        );
+        assert_eq!(rows[0]["target"], format!("tensorwire @ {uri}"));
+    }
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     for (args, want) in [

@@ -69,7 +69,8 @@ pub fn run(
             Net::Shm => Transport::Shm,
             Net::Unix => Transport::Unix,
             Net::Tcp { nodelay } => Transport::Tcp { nodelay: *nodelay },
-            Net::None => continue,
+            // The classifier compare runs the native client only.
+            Net::None | Net::Grpc | Net::Http => continue,
         };
         configs.push((
             net.name().to_string(),

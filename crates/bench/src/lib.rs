@@ -14,6 +14,8 @@
 //!   for every target);
 //! - [`resources`]: CPU time and RSS of processes from `/proc`, and the rest
 //!   of the machine's CPU use (noise);
+//! - [`kserve_http`]: the KServe v2 HTTP client that calls the agent's
+//!   `http://` front door (the gRPC one uses the tonic peer's client);
 //! - [`raw`], [`raw_shm`], [`child`]: the raw floors (bare sockets, a shared
 //!   page) and the child processes they run in;
 //! - [`stats`]: nearest-rank summaries and the spread over repeats;
@@ -21,8 +23,8 @@
 //! - [`report`], [`plot`], [`console`]: `report.md`, the SVG/PNG figures, and
 //!   what is printed while running.
 //!
-//! The targets (tensorwire over each transport, the in-process baseline, the
-//! raw floors, the gRPC and ttrpc peers), workloads and suites that tie these
+//! The targets (tensorwire over each transport and front door, the
+//! in-process baseline, the raw floors, the gRPC and ttrpc peers), workloads and suites that tie these
 //! together are in [`target`], [`workload`] and [`suite`].
 
 pub mod caller;
@@ -30,6 +32,7 @@ pub mod child;
 pub mod classify;
 pub mod console;
 pub mod hist;
+pub mod kserve_http;
 pub mod load;
 pub mod measure;
 pub mod placement;

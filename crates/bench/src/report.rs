@@ -4,7 +4,7 @@
 //! flagged), then per suite the rows as tables grouped by model, tensor
 //! size and load kind, each with its **ratios against the baselines
 //! measured in the same run** ([`floor_ratio`], [`peer_ratio`],
-//! [`shm_gains`]), the stage breakdown where measured, and links to the
+//! [`door_ratio`], [`shm_gains`]), the stage breakdown where measured, and links to the
 //! figures.
 
 use crate::caller::{BenchError, Stage};
@@ -93,6 +93,22 @@ pub fn peer_ratio(row: &Row, rows: &[Row]) -> Option<Ratio> {
     Some(Ratio {
         label: format!("{} / {}", row.target, tw.target),
         value: p50_ratio(row, tw)?,
+    })
+}
+
+/// For a tensorwire row behind its gRPC front door: its p50 over the p50
+/// of the tonic gRPC peer over TCP in the same configuration, e.g.
+/// `tensorwire grpc / grpc tcp = 1.02×` (the same protocol and stack, so
+/// what the agent's front door adds or saves). `None` for other rows or
+/// when the peer was not measured.
+pub fn door_ratio(row: &Row, rows: &[Row]) -> Option<Ratio> {
+    if row.framework != "tensorwire" || row.transport != "grpc" {
+        return None;
+    }
+    let peer = find(rows, row, "grpc", "tcp")?;
+    Some(Ratio {
+        label: format!("{} / {}", row.target, peer.target),
+        value: p50_ratio(row, peer)?,
     })
 }
 
@@ -372,6 +388,9 @@ fn write_ratios(out: &mut String, group: &[Row], suite_rows: &[Row]) {
         if let Some(p) = peer_ratio(r, suite_rows) {
             cmp.push(p.display());
         }
+        if let Some(p) = door_ratio(r, suite_rows) {
+            cmp.push(format!("{} (front door vs peer)", p.display()));
+        }
         for g in shm_gains(r, suite_rows) {
             let peer = g.label.split(" / ").next().unwrap_or_default();
             cmp.push(format!("{} (gain vs {peer})", g.display()));
@@ -615,6 +634,23 @@ mod tests {
         );
         let lone = vec![row("grpc tcp", "grpc", "tcp", 100.0)];
         assert_eq!(peer_ratio(&lone[0], &lone), None);
+    }
+
+    #[test]
+    fn the_grpc_front_door_is_compared_with_the_grpc_peer_over_tcp() {
+        let mut rows = vaccel_rows();
+        assert_eq!(door_ratio(&rows[0], &rows), None, "not a front door");
+        rows.push(row("tensorwire grpc", "tensorwire", "grpc", 120.0));
+        assert_eq!(door_ratio(&rows[7], &rows), None, "no grpc tcp peer row");
+        rows.push(row("grpc tcp", "grpc", "tcp", 100.0));
+        let d = door_ratio(&rows[7], &rows).expect("door vs peer");
+        assert_eq!(d.display(), "tensorwire grpc / grpc tcp = 1.2×");
+        assert_eq!(door_ratio(&rows[8], &rows), None, "the peer itself");
+        // The peer row keeps its own comparison with tensorwire tcp.
+        assert_eq!(
+            peer_ratio(&rows[8], &rows).map(|p| p.value),
+            Some(100.0 / 30.0)
+        );
     }
 
     #[test]

@@ -12,6 +12,11 @@
 //!   `raw-spin`: the same socket floor with both ends polling before they
 //!   block, as tensorwire's socket reads do (the shared-page floor always
 //!   polls);
+//! - `tensorwire` over its KServe v2 front doors, `grpc` and `http` (a
+//!   `tensorwire serve` child with `--listen grpc://…` or `http://…`, on
+//!   TCP loopback), called by the same tonic client as the gRPC peer or by
+//!   a hyper HTTP/1.1 client with the binary tensor data extension
+//!   ([`crate::kserve_http`]);
 //! - `grpc`, `ttrpc`: the peers, a `tensorwire peer-serve` child process
 //!   serving the *same* engine and model over tonic (KServe v2 `ModelInfer`)
 //!   or ttrpc, so only the RPC path differs.
@@ -97,6 +102,11 @@ pub enum Net {
         /// `TCP_NODELAY`.
         nodelay: bool,
     },
+    /// The agent's KServe v2 gRPC front door (`grpc://`, TCP loopback).
+    Grpc,
+    /// The agent's KServe v2 HTTP/REST front door (`http://`, TCP
+    /// loopback), binary tensor data extension.
+    Http,
 }
 
 impl Net {
@@ -109,7 +119,14 @@ impl Net {
             Net::Unix => "unix",
             Net::Tcp { nodelay: true } => "tcp",
             Net::Tcp { nodelay: false } => "tcp?nodelay=0",
+            Net::Grpc => "grpc",
+            Net::Http => "http",
         }
+    }
+
+    /// Whether this is one of the agent's KServe front doors.
+    pub const fn is_front_door(self) -> bool {
+        matches!(self, Net::Grpc | Net::Http)
     }
 }
 
@@ -152,7 +169,8 @@ impl TargetSpec {
 }
 
 /// Parses a `--transports` list: `local`, `inproc`, `shm`, `unix`, `tcp`,
-/// `tcp?nodelay=0` (repeats and unknown names are errors).
+/// `tcp?nodelay=0`, and the front doors `grpc`, `http` (repeats and unknown
+/// names are errors).
 pub fn parse_transports(list: &str) -> Result<Vec<Net>, BenchError> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim) {
@@ -163,10 +181,12 @@ pub fn parse_transports(list: &str) -> Result<Vec<Net>, BenchError> {
             "unix" | "unix://" => Net::Unix,
             "tcp" | "tcp://" | "tcp?nodelay=1" => Net::Tcp { nodelay: true },
             "tcp?nodelay=0" => Net::Tcp { nodelay: false },
+            "grpc" | "grpc://" => Net::Grpc,
+            "http" | "http://" => Net::Http,
             other => {
                 return Err(BenchError::new(format!(
                     "--transports: unknown transport '{other}' \
-                     (available: local, inproc, shm, unix, tcp, tcp?nodelay=0)"
+                     (available: local, inproc, shm, unix, tcp, tcp?nodelay=0, grpc, http)"
                 )))
             }
         };
@@ -184,7 +204,8 @@ pub fn parse_transports(list: &str) -> Result<Vec<Net>, BenchError> {
 /// The targets for `transports` × (tensorwire + `peers`): tensorwire (or the
 /// local baseline for `local`) on every transport, and each peer on the
 /// transports it has (raw: unix, tcp, tcp?nodelay=0, shm; raw-spin, grpc
-/// and ttrpc: unix, tcp, tcp?nodelay=0).
+/// and ttrpc: unix, tcp, tcp?nodelay=0). The grpc peer also comes with the
+/// `grpc` front door, over tcp, as the door's baseline.
 pub fn targets(transports: &[Net], peers: &[Framework]) -> Vec<TargetSpec> {
     let mut out = Vec::new();
     for &net in transports {
@@ -204,6 +225,12 @@ pub fn targets(transports: &[Net], peers: &[Framework]) -> Vec<TargetSpec> {
             };
             if has {
                 out.push(TargetSpec::new(p, net));
+            }
+            // The gRPC door's own comparison: the tonic peer over TCP, the
+            // same stack, even when tcp is not among the transports.
+            let tcp = Net::Tcp { nodelay: true };
+            if net == Net::Grpc && p == Framework::Grpc && !transports.contains(&tcp) {
+                out.push(TargetSpec::new(p, tcp));
             }
         }
     }
@@ -229,11 +256,14 @@ pub struct BenchEnv {
     pub spin: Option<Duration>,
 }
 
-/// A server process (agent or peer) a target runs, or none.
+/// A server process a target runs, or none.
 enum Server {
     None,
+    /// An agent on a native transport.
     Agent(RunningAgent),
-    Peer(AgentProcess),
+    /// A child process printing `listening on URI`: a peer, or an agent
+    /// behind a front door.
+    Child(AgentProcess),
 }
 
 /// A started target.
@@ -260,7 +290,7 @@ impl RunningTarget {
         match &self.server {
             Server::None => None,
             Server::Agent(a) => a.pid(),
-            Server::Peer(p) => Some(p.pid()),
+            Server::Child(p) => Some(p.pid()),
         }
     }
 
@@ -269,7 +299,7 @@ impl RunningTarget {
         match self.server {
             Server::None => Ok(()),
             Server::Agent(a) => a.stop().map_err(|e| BenchError::new(e.to_string())),
-            Server::Peer(p) => p
+            Server::Child(p) => p
                 .stop(classifier::agents::STOP_TIMEOUT)
                 .map_err(|e| BenchError::new(e.to_string())),
         }
@@ -355,6 +385,9 @@ fn start_tensorwire(
     workload: &Workload,
     env: &BenchEnv,
 ) -> Result<RunningTarget, BenchError> {
+    if spec.net.is_front_door() || spec.connect.as_deref().is_some_and(is_front_door_uri) {
+        return start_front_door(spec, workload, env);
+    }
     let (uri, server) = match &spec.connect {
         Some(uri) => (uri.clone(), Server::None),
         None => {
@@ -363,7 +396,9 @@ fn start_tensorwire(
                 Net::Shm => Transport::Shm,
                 Net::Unix => Transport::Unix,
                 Net::Tcp { nodelay } => Transport::Tcp { nodelay },
-                Net::None => return Err(BenchError::new("tensorwire needs a transport")),
+                Net::None | Net::Grpc | Net::Http => {
+                    return Err(BenchError::new("tensorwire needs a native transport here"))
+                }
             };
             let agent = match workload {
                 // The identity model is always served: no model to load.
@@ -483,12 +518,7 @@ fn start_peer(
         "--intra-threads".into(),
         env.intra_threads.to_string().into(),
     ];
-    if let Some(path) = workload.model_path() {
-        let mut m = OsString::from(format!("{}=", workload.model_name()));
-        m.push(path.as_os_str());
-        args.push("--model".into());
-        args.push(m);
-    }
+    args.extend(model_args(workload));
     let proc = AgentProcess::spawn(
         &spec.label(),
         &env.exe,
@@ -498,8 +528,101 @@ fn start_peer(
     )
     .map_err(|e| BenchError::new(e.to_string()))?;
     let uri = proc.uri().to_string();
-    // The request is shaped by the model's signature, read here from the
-    // same file the peer loaded (the identity model takes anything).
+    let rpc = match spec.framework {
+        Framework::Grpc => Rpc::Grpc,
+        _ => Rpc::Ttrpc,
+    };
+    kserve_target(spec, workload, uri, rpc, Server::Child(proc))
+}
+
+/// Whether `uri` names one of the agent's front doors (`grpc://`,
+/// `http://`), which the native client cannot call.
+fn is_front_door_uri(uri: &str) -> bool {
+    uri.starts_with("grpc://") || uri.starts_with("http://")
+}
+
+/// tensorwire behind a KServe front door: a `tensorwire serve --listen
+/// grpc://127.0.0.1:0` (or `http://`) child, or the door at `--connect`.
+fn start_front_door(
+    spec: &TargetSpec,
+    workload: &Workload,
+    env: &BenchEnv,
+) -> Result<RunningTarget, BenchError> {
+    let (uri, server) = match &spec.connect {
+        Some(uri) => (uri.clone(), Server::None),
+        None => {
+            let scheme = spec.net.name();
+            let dir = tempfile::Builder::new()
+                .prefix("tw-door-")
+                .tempdir()
+                .map_err(|e| BenchError::new(format!("temporary directory: {e}")))?;
+            let mut args: Vec<OsString> = vec![
+                "serve".into(),
+                "--listen".into(),
+                format!("{scheme}://127.0.0.1:0").into(),
+                "--intra-threads".into(),
+                env.intra_threads.to_string().into(),
+            ];
+            args.extend(model_args(workload));
+            let proc = AgentProcess::spawn(
+                &spec.label(),
+                &env.exe,
+                &args,
+                dir,
+                classifier::agents::START_TIMEOUT,
+            )
+            .map_err(|e| BenchError::new(e.to_string()))?;
+            (proc.uri().to_string(), Server::Child(proc))
+        }
+    };
+    let rpc = if uri.starts_with("http://") {
+        Rpc::Http
+    } else {
+        Rpc::Grpc
+    };
+    // The tonic client dials tcp:// addresses; the door prints grpc://.
+    let uri = match uri.strip_prefix("grpc://") {
+        Some(addr) => format!("tcp://{addr}"),
+        None => uri,
+    };
+    kserve_target(spec, workload, uri, rpc, server)
+}
+
+/// `--model NAME=PATH` for a model workload (the identity model is always
+/// served).
+fn model_args(workload: &Workload) -> Vec<OsString> {
+    match workload.model_path() {
+        Some(path) => {
+            let mut m = OsString::from(format!("{}=", workload.model_name()));
+            m.push(path.as_os_str());
+            vec!["--model".into(), m]
+        }
+        None => Vec::new(),
+    }
+}
+
+/// The RPC stack a [`kserve_target`] calls through.
+#[derive(Clone, Copy)]
+enum Rpc {
+    /// KServe v2 over tonic gRPC.
+    Grpc,
+    /// KServe v2 over HTTP/1.1, binary tensor data.
+    Http,
+    /// ttrpc.
+    Ttrpc,
+}
+
+/// A target called through an RPC stack other than tensorwire's own
+/// client, at `uri`: the request is shaped by the model's signature, read
+/// here from the same file the server loaded (the identity model takes
+/// anything).
+fn kserve_target(
+    spec: &TargetSpec,
+    workload: &Workload,
+    uri: String,
+    rpc: Rpc,
+    server: Server,
+) -> Result<RunningTarget, BenchError> {
     let sig = match workload {
         Workload::Identity { .. } => {
             engine::Backend::signature(&engine::IdentityBackend::new()).clone()
@@ -508,31 +631,51 @@ fn start_peer(
     };
     let inputs = workload.inputs(&sig)?;
     let tensor_bytes = crate::workload::tensor_bytes(&inputs);
-    let framework = spec.framework;
+    // Identity answers with its inputs; a model's outputs are not checked
+    // by size here.
+    let expect_output = matches!(workload, Workload::Identity { .. }).then_some(tensor_bytes);
+    let names: Vec<String> = match workload {
+        Workload::Identity { .. } => (0..inputs.len()).map(|i| format!("input{i}")).collect(),
+        Workload::Model { .. } => sig.inputs.iter().map(|t| t.name.clone()).collect(),
+    };
     let model = workload.model_name().to_string();
     let inputs = Arc::new(inputs);
-    let factory: Arc<CallerFactory> = Arc::new(move || -> Result<Box<dyn Caller>, BenchError> {
+    let make = move || -> Result<Box<dyn Caller>, BenchError> {
         let views = views(&inputs);
-        match framework {
-            Framework::Grpc => {
+        Ok(match rpc {
+            Rpc::Grpc => {
                 let client = peer_grpc::Client::connect(&uri)
                     .map_err(|e| BenchError::new(format!("grpc {uri}: {e}")))?;
-                let req = client.prepare(&model, &views);
-                Ok(Box::new(GrpcCaller { client, req }))
+                let req = client.prepare_named(&model, &names, &views);
+                Box::new(GrpcCaller { client, req })
             }
-            _ => {
+            Rpc::Http => Box::new(HttpCaller(crate::kserve_http::HttpClient::connect(
+                &uri,
+                &model,
+                &names,
+                &inputs,
+                expect_output,
+            )?)),
+            Rpc::Ttrpc => {
                 let client = peer_ttrpc::Client::connect(&uri)
                     .map_err(|e| BenchError::new(format!("ttrpc {uri}: {e}")))?;
                 let req = client.prepare(&model, &views);
-                Ok(Box::new(TtrpcCaller { client, req }))
+                Box::new(TtrpcCaller { client, req })
             }
-        }
-    });
+        })
+    };
+    // Probe once so a wrong address or model fails here, not in every
+    // client.
+    let mut probe = make()?;
+    probe
+        .call()
+        .map_err(|e| BenchError::new(format!("{}: {e}", spec.label())))?;
+    drop(probe);
     Ok(RunningTarget {
         spec: spec.clone(),
-        factory: Some(factory),
+        factory: Some(Arc::new(make)),
         tensor_bytes,
-        server: Server::Peer(proc),
+        server,
     })
 }
 
@@ -683,6 +826,15 @@ impl Caller for GrpcCaller {
     }
 }
 
+struct HttpCaller(crate::kserve_http::HttpClient);
+
+impl Caller for HttpCaller {
+    fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
+        self.0.call()?;
+        Ok(None)
+    }
+}
+
 struct TtrpcCaller {
     client: peer_ttrpc::Client,
     req: peer_ttrpc::Request,
@@ -711,6 +863,25 @@ mod tests {
         assert!(parse_transports("unix,unix").is_err());
         assert!(parse_transports("vsock").is_err());
         assert!(Framework::parse_peer("zmq").is_err());
+        let doors = parse_transports("grpc,http://").expect("the front doors");
+        assert_eq!(doors, [Net::Grpc, Net::Http]);
+        assert!(doors.iter().all(|n| n.is_front_door()));
+    }
+
+    #[test]
+    fn the_grpc_door_brings_the_grpc_peer_over_tcp_once() {
+        let peers = [Framework::Raw, Framework::Grpc];
+        let labels = |nets: &[Net]| -> Vec<String> {
+            targets(nets, &peers).iter().map(TargetSpec::label).collect()
+        };
+        assert_eq!(
+            labels(&[Net::Grpc, Net::Http]),
+            ["tensorwire grpc", "grpc tcp", "tensorwire http"]
+        );
+        assert_eq!(
+            labels(&[Net::Tcp { nodelay: true }, Net::Grpc]),
+            ["tensorwire tcp", "raw tcp", "grpc tcp", "tensorwire grpc"]
+        );
     }
 
     #[test]

@@ -150,11 +150,24 @@ impl Client {
     /// `INPUT1`, ...; the server takes them by position). Each tensor is
     /// copied into a `Bytes` once, here.
     pub fn prepare(&self, model: &str, inputs: &[TensorView<'_>]) -> Request {
+        let names: Vec<String> = (0..inputs.len()).map(|i| format!("INPUT{i}")).collect();
+        self.prepare_named(model, &names, inputs)
+    }
+
+    /// [`prepare`](Client::prepare) with the inputs named `names` (in
+    /// order), for servers that match inputs by name, as KServe servers
+    /// with real models do.
+    pub fn prepare_named(
+        &self,
+        model: &str,
+        names: &[String],
+        inputs: &[TensorView<'_>],
+    ) -> Request {
         let tensors = inputs
             .iter()
-            .enumerate()
-            .map(|(i, t)| InferInputTensor {
-                name: format!("INPUT{i}"),
+            .zip(names)
+            .map(|(t, name)| InferInputTensor {
+                name: name.clone(),
                 datatype: kserve_datatype(t.dtype).to_string(),
                 shape: t
                     .shape

@@ -45,7 +45,9 @@ pub struct Args {
     #[arg(long = "input", value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
     /// Transports to start an agent on: local (engine called directly, no
-    /// transport), inproc, shm, unix, tcp, tcp?nodelay=0.
+    /// transport), inproc, shm, unix, tcp, tcp?nodelay=0, and the agent's
+    /// KServe v2 front doors grpc and http (on TCP loopback; called by a
+    /// tonic and a hyper client, binary tensors).
     #[arg(long, default_value = "local,inproc,shm,unix,tcp")]
     transports: String,
     /// Baselines measured in the same run: raw (bare socket / shared-page
@@ -54,7 +56,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
     /// Measure an agent that is already running instead (no agent started;
-    /// --transports and --peers are ignored).
+    /// --transports and --peers are ignored). grpc://HOST:PORT and
+    /// http://HOST:PORT call its KServe front doors.
     #[arg(long, value_name = "URI")]
     connect: Option<String>,
     /// Closed loop: concurrent clients, comma-separated (each its own
