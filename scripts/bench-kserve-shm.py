@@ -13,12 +13,26 @@ order rotated by the round's number (as scripts/bench-python.py does):
   tensor bytes; the agent reads the input in place and copies the output
   into its region once), and
 - the same clients with the tensor inline (gRPC `raw_input_contents`,
-  HTTP binary tensor data), for comparison.
+  HTTP binary tensor data), for comparison, and
+- a floor, not a request: *the one copy the identity engine must make*.
+  `identity`'s output is a copy of its input, and through shared memory
+  the agent makes exactly that copy, input region → output region. This
+  row makes the same copy in a Python process of its own, rotated with the
+  others: two regions of the size created as the shm rows create theirs
+  (`tritonclient.utils.shared_memory`, /dev/shm, not registered with the
+  agent), and `np.copyto(out_view, in_view)` timed per call. It is the
+  memory's price, which no protocol can avoid; it leaves out the engine's
+  own bookkeeping (locating the regions, checking bounds), so the tax
+  below includes that.
 
 Each call is timed with `time.perf_counter_ns`; every row checks the
 output's bytes once after its loop. Prints per row the p50 (median over
 rounds [min–max]), the median p99, and the 16 MiB / 1 KiB ratio of p50s
-per round; writes `results.json` and `table.md` to --out if given.
+per round; then, per row, the *tax* over the floor, per size: p50(row) −
+p50(floor) of the same round (median over rounds [min–max]), and the ratio
+of taxes 16 MiB / 1 KiB per round: about 1 if what the protocol adds does
+not grow with the tensor. Writes `results.json` and `table.md` to --out if
+given.
 
   .venv/bin/python scripts/bench-kserve-shm.py --bin target/release/tensorwire \\
       --rounds 10 -n 2000 --out docs/bench/kserve-shm
@@ -95,6 +109,34 @@ print(json.dumps({"p50_us": t[len(t) // 2] / 1e3, "p99_us": t[len(t) * 99 // 100
                   "mean_us": sum(t) / len(t) / 1e3, "n": n}))
 """
 
+# The floor: the one copy the identity engine must make, region to region.
+PY_FLOOR = r"""
+import json, sys, time, uuid, numpy as np
+import tritonclient.utils.shared_memory as shm
+size, n, warm = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+data = (np.arange(size) % 251).astype(np.uint8)
+tag = uuid.uuid4().hex[:10]
+handles = [shm.create_shared_memory_region(f"f{what}{tag}", f"/tw-bench-f{what}-{tag}", size) for what in ("in", "out")]
+try:
+    shm.set_shared_memory_region(handles[0], [data])
+    src, dst = (shm.get_contents_as_numpy(h, np.uint8, [size]) for h in handles)  # views of the regions
+    for _ in range(warm):
+        np.copyto(dst, src)
+    dst[:] = 0
+    t = []
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        a = clock(); np.copyto(dst, src); t.append(clock() - a)
+    assert np.array_equal(dst, data), "the copy is not the input"
+finally:
+    src = dst = None  # no view may outlive its region
+    for h in handles:
+        shm.destroy_shared_memory_region(h)
+t.sort()
+print(json.dumps({"p50_us": t[len(t) // 2] / 1e3, "p99_us": t[len(t) * 99 // 100] / 1e3,
+                  "mean_us": sum(t) / len(t) / 1e3, "n": n}))
+"""
+
 
 def start_agent(binary):
     """`tensorwire serve` behind both KServe doors on free ports."""
@@ -132,6 +174,7 @@ def main():
     agent, addrs = start_agent(a.bin)
     tmp = os.path.join(tempfile.mkdtemp(prefix="twkshm"), "out.json")
     jobs = [(kind, mode, size) for kind in ("grpc", "http") for mode in ("shm", "inline") for size in SIZES]
+    jobs += [("floor", "copy", size) for size in SIZES]
     rows = {}
     try:
         for r in range(a.rounds):
@@ -139,7 +182,10 @@ def main():
             for kind, mode, size in jobs[k:] + jobs[:k]:
                 n = a.n if size <= 1 << 10 else max(a.n // 20, 20)
                 warm = max(n // 10, 5)
-                res = run_json([a.python, "-c", PY_ROW, kind, addrs[kind], mode, str(size), str(n), str(warm)], tmp)
+                if kind == "floor":
+                    res = run_json([a.python, "-c", PY_FLOOR, str(size), str(n), str(warm)], tmp)
+                else:
+                    res = run_json([a.python, "-c", PY_ROW, kind, addrs[kind], mode, str(size), str(n), str(warm)], tmp)
                 rows.setdefault(f"{kind}/{mode}/{size}", []).append(res)
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
     finally:
@@ -169,6 +215,39 @@ def main():
                 f"{bp[0]:.1f} [{bp[1]:.1f}–{bp[2]:.1f}] | {med(b, 'p99_us')[0]:.1f} | "
                 f"{q:.2f}× [{min(ratio):.2f}–{max(ratio):.2f}] |"
             )
+    fs, fb = f"floor/copy/{small}", f"floor/copy/{big}"
+    fsp, fbp = med(fs, "p50_us"), med(fb, "p50_us")
+    fratio = [y["p50_us"] / x["p50_us"] for x, y in zip(rows[fs], rows[fb])]
+    summary["floor/copy"] = {"small_p50": fsp, "big_p50": fbp, "ratio": statistics.median(fratio)}
+    lines.append(
+        f"| floor: no door, no request | the one copy the identity engine must make: `np.copyto`, "
+        f"input region → output region | {fsp[0]:.1f} [{fsp[1]:.1f}–{fsp[2]:.1f}] | {med(fs, 'p99_us')[0]:.1f} | "
+        f"{fbp[0]:.1f} [{fbp[1]:.1f}–{fbp[2]:.1f}] | {med(fb, 'p99_us')[0]:.1f} | "
+        f"{statistics.median(fratio):.2f}× [{min(fratio):.2f}–{max(fratio):.2f}] |"
+    )
+
+    # The protocol's tax per size: the row's p50 minus the floor's, same round.
+    def spread(v, fmt):
+        return f"{fmt(statistics.median(v))} [{fmt(min(v))}–{fmt(max(v))}]"
+
+    lines += [
+        "",
+        "| door | tensor in and out | 1 KiB tax µs: p50 − floor p50, median [min–max] | "
+        "16 MiB tax µs | 16 MiB / 1 KiB tax, per round |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, door in (("grpc", "`tritonclient.grpc`"), ("http", "`tritonclient.http`")):
+        for mode, how in (("shm", "system shared memory"), ("inline", "inline (in the message)")):
+            s, b = f"{kind}/{mode}/{small}", f"{kind}/{mode}/{big}"
+            st = [x["p50_us"] - f["p50_us"] for x, f in zip(rows[s], rows[fs])]
+            bt = [x["p50_us"] - f["p50_us"] for x, f in zip(rows[b], rows[fb])]
+            tr = [y / x for x, y in zip(st, bt)]
+            summary[f"{kind}/{mode}"].update(
+                {"small_tax": [statistics.median(st), min(st), max(st)],
+                 "big_tax": [statistics.median(bt), min(bt), max(bt)],
+                 "tax_ratio": [statistics.median(tr), min(tr), max(tr)]})
+            lines.append(f"| {door} | {how} | {spread(st, '{:.1f}'.format)} | {spread(bt, '{:.1f}'.format)} | "
+                         f"{spread(tr, '{:.2f}×'.format)} |")
     write_results(a.out, "\n".join(lines), {"rounds": a.rounds, "n": a.n, "runs": rows, "summary": summary})
 
 
