@@ -213,3 +213,13 @@ fn bad_front_doors_in_the_config_file_stop_serve_before_it_listens() {
     assert!(!stdout.contains("listening on"), "{stdout}");
     assert!(stderr.contains(&busy), "'{busy}' not in: {stderr}");
 }
+
+/// An embedder that hands the agent a config with front doors still in it
+/// gets an error naming them, not an agent that silently serves none.
+#[test]
+fn the_agent_refuses_front_doors_it_would_not_serve() {
+    let cfg = server::AgentConfig::from_toml(r#"listen = ["grpc://127.0.0.1:0"]"#)
+        .expect("a valid config");
+    let e = server::Agent::start(cfg).expect_err("front doors left in the config");
+    assert!(e.to_string().contains("grpc://127.0.0.1:0"), "{e}");
+}

@@ -239,7 +239,7 @@ fn kserve_readiness_turns_false_before_the_drain_and_stays_false() {
 #[test]
 fn front_doors_stop_around_the_drain_in_order() {
     within(LIMIT, "FrontDoors::shutdown_with", || {
-        let mut ta = slow_agent(Duration::from_millis(800));
+        let mut ta = slow_agent(Duration::from_millis(3000));
         let core = ta.agent().core().clone();
         let doors = frontend::FrontDoors::start(
             core.clone(),

@@ -41,8 +41,12 @@ impl Drop for Agent {
             Some(r) if !fork::same_process(self.made) => std::mem::forget(r),
             // Garbage-collected while running: the order of `stop`, with
             // the grace the agent's own drop gives.
+            // The GIL is let go meanwhile: nothing in the shutdown needs it,
+            // and the other Python threads go on.
             Some(r) => {
-                r.doors.shutdown_with(r.agent, Duration::from_secs(5));
+                Python::attach(|py| {
+                    py.detach(|| r.doors.shutdown_with(r.agent, Duration::from_secs(5)))
+                });
             }
             None => {}
         }
@@ -79,7 +83,8 @@ impl Agent {
         // The file's front doors, then the argument's URIs: sorted by
         // scheme and checked, as `tensorwire serve` does.
         let split =
-            frontend::split_listen(cfg.front_doors.iter().chain(&listen)).map_err(agent_error)?;
+            frontend::split_listen(std::mem::take(&mut cfg.front_doors).iter().chain(&listen))
+                .map_err(agent_error)?;
         cfg.listen.extend(split.endpoints);
         for (name, path) in models {
             cfg.models

@@ -103,6 +103,10 @@ impl HttpClient {
             .block_on(hyper::client::conn::http1::handshake(TokioIo::new(stream)))
             .map_err(|e| err("HTTP/1.1 handshake", &e))?;
         // The connection task runs whenever a call blocks on the runtime.
+        // Its own error is not kept: a call on a connection that ended
+        // fails with hyper's "connection closed", and the client does not
+        // reconnect (the agent keeps connections open; a bench row that
+        // loses one fails, as it should).
         runtime.spawn(conn);
         let (json_len, body) = infer_body(names, inputs);
         Ok(HttpClient {

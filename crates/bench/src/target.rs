@@ -872,7 +872,10 @@ mod tests {
     fn the_grpc_door_brings_the_grpc_peer_over_tcp_once() {
         let peers = [Framework::Raw, Framework::Grpc];
         let labels = |nets: &[Net]| -> Vec<String> {
-            targets(nets, &peers).iter().map(TargetSpec::label).collect()
+            targets(nets, &peers)
+                .iter()
+                .map(TargetSpec::label)
+                .collect()
         };
         assert_eq!(
             labels(&[Net::Grpc, Net::Http]),

@@ -76,24 +76,31 @@ impl FrontDoor {
     }
 }
 
-/// Runs one inference request's blocking part (the model's queue, the
-/// engine) for an async front door.
+/// The most bytes a request may carry to run on a tokio worker.
+pub(crate) const INLINE_MAX_BYTES: usize = 64 * 1024;
+/// The longest recent engine run for which a request runs on a tokio
+/// worker.
+const INLINE_MAX_COMPUTE_NS: u64 = 200_000;
+
+/// Runs one inference request's blocking part (parsing, the model's queue,
+/// the engine, the answer) for an async front door.
 ///
-/// When the model is free (`model_free`: `ModelQueue::has_free_run`
-/// of the model the request names, or an unknown model, which fails at
-/// once), the request runs right here on the tokio worker, as the tonic
-/// peer runs its engine: a hand-off to the blocking pool costs two thread
-/// wake-ups per request, which made an empty gRPC request ~1.4× slower
-/// than the same stack calling the engine inline. A request that would
-/// wait for the model is handed to the blocking pool instead, so waiting
-/// never holds a worker that other connections (health probes included)
-/// need. A panic is caught and returned as a message: it fails this request
-/// only.
+/// A request `inline` ([`FrontDoor::runs_inline`]: small, no shared
+/// memory, for a model that is free and ran fast lately) runs right here on
+/// the tokio worker that read it, as the tonic peer runs its engine: a
+/// hand-off to the blocking pool costs two thread wake-ups per request,
+/// which made an empty gRPC request ~1.4× slower than the same stack
+/// calling the engine inline. Everything else goes to the blocking pool,
+/// so long work and waits (for the model, for a shared-memory lease) never
+/// hold a worker that other connections and health probes need. The
+/// "free" check is a hint: a request that finds the model taken after all
+/// waits on the worker, for at most the few short runs ahead of it. A
+/// panic is caught and returned as a message: it fails this request only.
 pub(crate) async fn run_request<R: Send + 'static>(
-    model_free: bool,
+    inline: bool,
     f: impl FnOnce() -> R + Send + 'static,
 ) -> Result<R, String> {
-    if model_free {
+    if inline {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
             let what = p
                 .downcast_ref::<&str>()
@@ -110,12 +117,85 @@ pub(crate) async fn run_request<R: Send + 'static>(
 }
 
 impl FrontDoor {
-    /// Whether a request for `name` would run without waiting (see
-    /// [`run_request`]); true for an unknown model, which fails at once.
-    pub(crate) fn model_free(&self, name: &str) -> bool {
-        self.core
-            .registry
-            .find(name)
-            .is_none_or(|m| m.queue.has_free_run())
+    /// Whether a request for `name` carrying `request_bytes` may run on a
+    /// tokio worker ([`run_request`]): it uses no shared memory, carries at
+    /// most [`INLINE_MAX_BYTES`], and the model is free now and its recent
+    /// runs took at most 200 µs (known only once a request was timed: the
+    /// first request, and every request of an agent that does not time
+    /// them, goes to the blocking pool). An unknown model fails at once, so
+    /// it runs here too.
+    pub(crate) fn runs_inline(&self, name: &str, request_bytes: usize, uses_shm: bool) -> bool {
+        if uses_shm || request_bytes > INLINE_MAX_BYTES {
+            return false;
+        }
+        self.core.registry.find(name).is_none_or(|m| {
+            m.queue.has_free_run()
+                && m.stats
+                    .recent_compute_ns()
+                    .is_some_and(|ns| ns <= INLINE_MAX_COMPUTE_NS)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use server::ModelRegistry;
+    use wire::{Limits, Timeline};
+
+    fn door() -> Arc<FrontDoor> {
+        FrontDoor::new(Arc::new(AgentCore::new(
+            ModelRegistry::with_identity(),
+            Limits::default(),
+            1 << 20,
+        )))
+    }
+
+    /// A timed run of `compute_ns` recorded for `name`.
+    fn ran(door: &FrontDoor, name: &str, compute_ns: u64) {
+        let m = door.core.registry.find(name).expect("model");
+        let t =
+            Timeline::from_stamps([1000, 1000, 1100, 1100, 1100 + compute_ns, 1200 + compute_ns]);
+        m.stats.record_success(&t, true);
+    }
+
+    #[test]
+    fn only_small_fast_requests_without_shared_memory_run_inline() {
+        let d = door();
+        assert!(
+            !d.runs_inline("identity", 0, false),
+            "no run timed yet: the blocking pool"
+        );
+        ran(&d, "identity", 5_000);
+        assert!(d.runs_inline("identity", 0, false));
+        assert!(d.runs_inline("identity", INLINE_MAX_BYTES, false));
+        assert!(
+            !d.runs_inline("identity", INLINE_MAX_BYTES + 1, false),
+            "too large"
+        );
+        assert!(
+            !d.runs_inline("identity", 0, true),
+            "shared memory may wait for a lease"
+        );
+        assert!(
+            d.runs_inline("nope", 0, false),
+            "an unknown model fails at once"
+        );
+        // Slow runs pull the estimate over the bound.
+        for _ in 0..64 {
+            ran(&d, "identity", 10 * INLINE_MAX_COMPUTE_NS);
+        }
+        assert!(!d.runs_inline("identity", 0, false), "a slow model");
+    }
+
+    #[test]
+    fn a_panic_inline_fails_the_request_only() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let r: Result<(), String> = rt.block_on(run_request(true, || panic!("boom")));
+        let e = r.expect_err("the panic is an error");
+        assert!(e.contains("boom"), "{e}");
+        assert_eq!(rt.block_on(run_request(false, || 7)), Ok(7));
     }
 }

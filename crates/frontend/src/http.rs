@@ -6,7 +6,7 @@
 //! tensors and run through the same `infer_over_core` path.
 
 use crate::datatype::dtype_from_kserve;
-use crate::door::{run_request, FrontDoor};
+use crate::door::{run_request, FrontDoor, INLINE_MAX_BYTES};
 use crate::metrics::Metrics;
 use crate::model_control;
 use crate::proto::infer_parameter::ParameterChoice;
@@ -512,8 +512,16 @@ async fn model_infer(
     };
     let (name, version) = name_version(&p);
     let (door, shared) = (app.door.clone(), app.shared.clone());
-    let free = door.model_free(&name);
-    match run_request(free, move || {
+    // Small requests without shared memory run on this worker (see
+    // run_request); a region is named in the JSON part.
+    let json = &body[..header_len.unwrap_or(body.len())];
+    let inline = body.len() <= INLINE_MAX_BYTES
+        && door.runs_inline(
+            &name,
+            body.len(),
+            memchr::memmem::find(json, PARAM_REGION.as_bytes()).is_some(),
+        );
+    match run_request(inline, move || {
         infer(&door, &shared, &name, &version, body, header_len)
     })
     .await

@@ -290,8 +290,8 @@ impl GrpcInferenceService for KServeService {
         let door = self.door.clone();
         let shared = self.shared.clone();
         let req = request.into_inner();
-        let free = door.model_free(&req.model_name);
-        let answer = run_request(free, move || infer(&door, &shared, req))
+        let inline = runs_inline(&door, &req);
+        let answer = run_request(inline, move || infer(&door, &shared, req))
             .await
             .map_err(Status::internal)?;
         answer.map(Response::new)
@@ -320,8 +320,8 @@ impl GrpcInferenceService for KServeService {
                 };
                 let _call = InFlight::enter(&shared);
                 let (d, s) = (door.clone(), shared.clone());
-                let free = d.model_free(&req.model_name);
-                let answer = match run_request(free, move || infer(&d, &s, req)).await {
+                let inline = runs_inline(&d, &req);
+                let answer = match run_request(inline, move || infer(&d, &s, req)).await {
                     Ok(Ok(r)) => ModelStreamInferResponse {
                         error_message: String::new(),
                         infer_response: Some(r),
@@ -420,7 +420,39 @@ pub(crate) fn metadata(t: &TensorSpec) -> TensorMetadata {
     }
 }
 
-/// One `ModelInfer`, start to finish, on the calling (blocking) thread.
+/// One `ModelInfer`, start to finish, on the calling thread (a tokio worker
+/// or a blocking-pool thread: see [`run_request`]).
+/// Whether `req` may run on the tokio worker ([`FrontDoor::runs_inline`]):
+/// its bytes (raw contents, plus typed contents at 8 bytes an element)
+/// and whether any tensor names a shared-memory region.
+fn runs_inline(door: &FrontDoor, req: &ModelInferRequest) -> bool {
+    let raw: usize = req.raw_input_contents.iter().map(|b| b.len()).sum();
+    let typed: usize = req
+        .inputs
+        .iter()
+        .filter_map(|t| t.contents.as_ref())
+        .map(|c| {
+            8 * (c.bool_contents.len()
+                + c.int_contents.len()
+                + c.int64_contents.len()
+                + c.uint_contents.len()
+                + c.uint64_contents.len()
+                + c.fp32_contents.len()
+                + c.fp64_contents.len())
+                + c.bytes_contents.iter().map(Vec::len).sum::<usize>()
+        })
+        .sum();
+    let shm = req
+        .inputs
+        .iter()
+        .any(|t| t.parameters.contains_key(PARAM_REGION))
+        || req
+            .outputs
+            .iter()
+            .any(|o| o.parameters.contains_key(PARAM_REGION));
+    door.runs_inline(&req.model_name, raw.saturating_add(typed), shm)
+}
+
 fn infer(
     door: &FrontDoor,
     shared: &Shared,
@@ -541,8 +573,8 @@ pub(crate) struct Output {
 /// it asks: by the engine itself when it can write into caller buffers and
 /// the output sizes are known before the run (ONNX Runtime), else copied
 /// there once from the engine's output (counted in the core's
-/// `shm_output_bytes_in_place` / `_copied`). Runs on the calling (blocking)
-/// thread.
+/// `shm_output_bytes_in_place` / `_copied`). Runs on the calling thread
+/// (see [`run_request`] for which one).
 pub(crate) fn infer_over_core(
     door: &FrontDoor,
     shared: &Shared,

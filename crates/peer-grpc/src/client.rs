@@ -156,13 +156,15 @@ impl Client {
 
     /// [`prepare`](Client::prepare) with the inputs named `names` (in
     /// order), for servers that match inputs by name, as KServe servers
-    /// with real models do.
+    /// with real models do. `names` must name every input (panics
+    /// otherwise: a caller's bug, not input).
     pub fn prepare_named(
         &self,
         model: &str,
         names: &[String],
         inputs: &[TensorView<'_>],
     ) -> Request {
+        assert_eq!(names.len(), inputs.len(), "one name per input");
         let tensors = inputs
             .iter()
             .zip(names)

@@ -127,7 +127,10 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// Validates `cfg`, loads its models and starts listening on
     /// `cfg.listen`. `cfg.front_doors` (KServe gRPC/HTTP) are not served
-    /// here: start them over [`core`](Self::core) with `frontend::FrontDoors`.
+    /// here: take them out of the config and start them over
+    /// [`core`](Self::core) with `frontend::FrontDoors` (as `serve` and the
+    /// Python agent do); a config that still holds some is refused rather
+    /// than silently not served.
     pub fn start(cfg: AgentConfig) -> Result<Agent, AgentError> {
         cfg.validate()?;
         let registry = ModelRegistry::load(&cfg)?;
@@ -138,6 +141,14 @@ impl Agent {
     /// tests with custom backends).
     pub fn with_registry(cfg: AgentConfig, registry: ModelRegistry) -> Result<Agent, AgentError> {
         cfg.validate()?;
+        if !cfg.front_doors.is_empty() {
+            return Err(crate::ConfigError::Invalid(format!(
+                "the agent does not serve the front doors {} itself: take them out of the \
+                 config and start them with frontend::FrontDoors",
+                cfg.front_doors.join(", ")
+            ))
+            .into());
+        }
         let core = Arc::new(
             AgentCore::new(registry, cfg.limits, cfg.max_total_payload)
                 .with_request_timing(cfg.request_timing),

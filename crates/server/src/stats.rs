@@ -165,6 +165,9 @@ pub struct ModelStats {
     compute_output_ns: AtomicU64,
     /// `CLOCK_MONOTONIC` ns of the latest answer (0: none yet).
     last_ns: AtomicU64,
+    /// Recent engine run time, ns: an exponential moving average (weight
+    /// 1/8) of timed requests' `compute_infer`, 0 until one is timed.
+    recent_compute_ns: AtomicU64,
     /// Requests between a successful prepare and the end of their reply.
     in_flight: AtomicU64,
     /// Requests for this model per [`Via`] (counted as the core finds the
@@ -261,10 +264,26 @@ impl ModelStats {
             self.request.observe(end - r0);
             self.queue.observe(c0 - q);
             self.compute.observe(c1 - c0);
+            // A hint, not an account: concurrent updates may lose one.
+            let old = self.recent_compute_ns.load(Relaxed);
+            let x = (c1 - c0).max(1);
+            let new = if old == 0 {
+                x
+            } else {
+                (old - old / 8).saturating_add(x / 8).max(1)
+            };
+            self.recent_compute_ns.store(new, Relaxed);
             self.last_ns.store(end, Relaxed);
         } else {
             self.last_ns.store(coarse_ns(), Relaxed);
         }
+    }
+
+    /// How long the engine ran on recent timed requests (a moving average,
+    /// ns), or `None` before the first timed request (or when the agent
+    /// does not time requests).
+    pub fn recent_compute_ns(&self) -> Option<u64> {
+        Some(self.recent_compute_ns.load(Relaxed)).filter(|&n| n != 0)
     }
 
     /// Counts a failed request that arrived at `arrived_ns` (its
@@ -411,6 +430,22 @@ mod tests {
         assert_eq!(v.success, CountNs { count: 3, ns: 0 });
         assert_eq!(v.request_hist.iter().sum::<u64>(), 0);
         assert!(v.last_inference_ms > 0, "last_inference moves untimed too");
+    }
+
+    #[test]
+    fn recent_compute_follows_timed_runs_only() {
+        let s = ModelStats::default();
+        assert_eq!(s.recent_compute_ns(), None, "nothing timed yet");
+        s.record_success(&timeline([1000, 1000, 1300, 1300, 5300, 5400]), false);
+        assert_eq!(s.recent_compute_ns(), None, "untimed runs do not count");
+        // The first timed run sets it; later ones move it by 1/8.
+        s.record_success(&timeline([1000, 1000, 1300, 1300, 9300, 9400]), true);
+        assert_eq!(s.recent_compute_ns(), Some(8000));
+        s.record_success(
+            &timeline([1000, 1000, 1300, 1300, 1300 + 16_000, 20_000]),
+            true,
+        );
+        assert_eq!(s.recent_compute_ns(), Some(8000 - 1000 + 2000));
     }
 
     #[test]

@@ -98,8 +98,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     // flags) run beside the agent over its core; the agent's own listeners
     // speak the tensorwire protocol. Every URI is checked before anything
     // starts.
-    let listen = frontend::split_listen(cfg.front_doors.iter().chain(&a.listen))
-        .map_err(|e| e.to_string())?;
+    let listen =
+        frontend::split_listen(std::mem::take(&mut cfg.front_doors).iter().chain(&a.listen))
+            .map_err(|e| e.to_string())?;
     cfg.listen.extend(listen.endpoints);
     if let Some(l) = &a.metrics_listen {
         frontend::parse_metrics_uri(l).map_err(|e| format!("--metrics-listen: {e}"))?;
