@@ -7,33 +7,15 @@
 //! SIGTERM, and a bad front-door URI or an unknown scheme in the file stops
 //! `serve` before it listens anywhere, with an error naming the URI.
 
-use common::{digits_expected, digits_input, digits_model, tensorwire_command, ServeProcess};
+use common::{
+    digits_expected, digits_input, digits_model, http_status, tensorwire_command, ServeProcess,
+};
 use frontend::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use frontend::proto::model_infer_request::InferInputTensor;
 use frontend::proto::{ModelInferRequest, ServerLiveRequest, ServerReadyRequest};
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-/// The status code of `GET path` on `addr` (`HOST:PORT`).
-fn http_status(addr: &str, path: &str) -> u16 {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut reply = String::new();
-    let _ = s.read_to_string(&mut reply);
-    reply
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {reply:?}"))
-}
 
 /// `HOST:PORT` of `SCHEME://HOST:PORT`.
 fn addr(uri: &str) -> &str {

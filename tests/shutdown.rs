@@ -6,8 +6,8 @@
 
 use client::{Client, ClientError, ClientOptions, TensorRef};
 use common::{
-    check_identity, connect, pattern, send_signal, wait_until, within, RawPeer, ServeProcess,
-    TestAgent,
+    check_identity, connect, http_status, pattern, send_signal, wait_until, within, RawPeer,
+    ServeProcess, TestAgent,
 };
 use engine::{Backend, EngineError, Output, OutputData, TensorView};
 use server::{AgentConfig, ModelRegistry};
@@ -169,26 +169,6 @@ fn shutdown_finishes_requests_in_flight_and_refuses_new_ones() {
             }
         }
     });
-}
-
-/// The status of `GET path` on the HTTP front door at `addr`.
-fn http_status(addr: &str, path: &str) -> u16 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the HTTP front door");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut reply = String::new();
-    let _ = s.read_to_string(&mut reply);
-    reply
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {reply:?}"))
 }
 
 /// What an orchestrator sees while the agent stops, in the order

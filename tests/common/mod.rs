@@ -972,3 +972,25 @@ pub fn send_signal(pid: i32, sig: libc::c_int) {
     let rc = unsafe { libc::kill(pid, sig) };
     assert_eq!(rc, 0, "kill({pid}, {sig}): {}", io::Error::last_os_error());
 }
+
+/// The status code of `GET path` on an HTTP front door at `addr`
+/// (`HOST:PORT`), over a bare `TcpStream` (`Connection: close`).
+pub fn http_status(addr: &str, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {reply:?}"))
+}

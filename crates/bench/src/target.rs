@@ -509,7 +509,7 @@ fn start_peer(
         .prefix("tw-peer-")
         .tempdir()
         .map_err(|e| BenchError::new(format!("temporary directory: {e}")))?;
-    let mut args: Vec<OsString> = vec![
+    let args: Vec<OsString> = vec![
         "peer-serve".into(),
         "--peer".into(),
         spec.framework.name().into(),
@@ -518,15 +518,7 @@ fn start_peer(
         "--intra-threads".into(),
         env.intra_threads.to_string().into(),
     ];
-    args.extend(model_args(workload));
-    let proc = AgentProcess::spawn(
-        &spec.label(),
-        &env.exe,
-        &args,
-        dir,
-        classifier::agents::START_TIMEOUT,
-    )
-    .map_err(|e| BenchError::new(e.to_string()))?;
+    let proc = spawn_child(spec, env, args, workload, dir)?;
     let uri = proc.uri().to_string();
     let rpc = match spec.framework {
         Framework::Grpc => Rpc::Grpc,
@@ -556,22 +548,14 @@ fn start_front_door(
                 .prefix("tw-door-")
                 .tempdir()
                 .map_err(|e| BenchError::new(format!("temporary directory: {e}")))?;
-            let mut args: Vec<OsString> = vec![
+            let args: Vec<OsString> = vec![
                 "serve".into(),
                 "--listen".into(),
                 format!("{scheme}://127.0.0.1:0").into(),
                 "--intra-threads".into(),
                 env.intra_threads.to_string().into(),
             ];
-            args.extend(model_args(workload));
-            let proc = AgentProcess::spawn(
-                &spec.label(),
-                &env.exe,
-                &args,
-                dir,
-                classifier::agents::START_TIMEOUT,
-            )
-            .map_err(|e| BenchError::new(e.to_string()))?;
+            let proc = spawn_child(spec, env, args, workload, dir)?;
             (proc.uri().to_string(), Server::Child(proc))
         }
     };
@@ -586,6 +570,26 @@ fn start_front_door(
         None => uri,
     };
     kserve_target(spec, workload, uri, rpc, server)
+}
+
+/// Runs `env.exe ARGS --model NAME=PATH` (the model for a model workload)
+/// in `dir` and waits for its `listening on URI` line.
+fn spawn_child(
+    spec: &TargetSpec,
+    env: &BenchEnv,
+    mut args: Vec<OsString>,
+    workload: &Workload,
+    dir: tempfile::TempDir,
+) -> Result<AgentProcess, BenchError> {
+    args.extend(model_args(workload));
+    AgentProcess::spawn(
+        &spec.label(),
+        &env.exe,
+        &args,
+        dir,
+        classifier::agents::START_TIMEOUT,
+    )
+    .map_err(|e| BenchError::new(e.to_string()))
 }
 
 /// `--model NAME=PATH` for a model workload (the identity model is always

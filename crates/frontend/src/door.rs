@@ -140,15 +140,10 @@ impl FrontDoor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use server::ModelRegistry;
-    use wire::{Limits, Timeline};
+    use wire::Timeline;
 
     fn door() -> Arc<FrontDoor> {
-        FrontDoor::new(Arc::new(AgentCore::new(
-            ModelRegistry::with_identity(),
-            Limits::default(),
-            1 << 20,
-        )))
+        FrontDoor::new(crate::test_support::identity_core())
     }
 
     /// A timed run of `compute_ns` recorded for `name`.

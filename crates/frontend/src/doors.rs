@@ -221,36 +221,8 @@ impl FrontDoors {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use server::ModelRegistry;
-    use std::io::{Read, Write};
+    use crate::test_support::{http_status as get, identity_core as core};
     use std::net::TcpStream;
-    use wire::Limits;
-
-    fn core() -> Arc<AgentCore> {
-        Arc::new(AgentCore::new(
-            ModelRegistry::with_identity(),
-            Limits::default(),
-            1 << 20,
-        ))
-    }
-
-    /// The status code of `GET path` on `uri` (`http://HOST:PORT`).
-    fn get(uri: &str, path: &str) -> u16 {
-        let addr = uri.trim_start_matches(HTTP_SCHEME);
-        let mut s = TcpStream::connect(addr).expect("connect");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
-        let mut reply = String::new();
-        let _ = s.read_to_string(&mut reply);
-        reply
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("no status in {reply:?}"))
-    }
 
     fn refuses(uri: &str) -> bool {
         let addr = uri.split_once("://").map_or(uri, |(_, a)| a);

@@ -53,6 +53,8 @@ mod server;
 mod service;
 mod statistics;
 mod sysshm;
+#[cfg(test)]
+mod test_support;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
 pub use door::FrontDoor;

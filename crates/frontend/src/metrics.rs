@@ -574,16 +574,8 @@ pub fn parse_metrics_uri(uri: &str) -> Result<&str, FrontendError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use server::ModelRegistry;
-    use wire::{Limits, Timeline};
-
-    fn core() -> Arc<AgentCore> {
-        Arc::new(AgentCore::new(
-            ModelRegistry::with_identity(),
-            Limits::default(),
-            1 << 20,
-        ))
-    }
+    use crate::test_support::identity_core as core;
+    use wire::Timeline;
 
     /// The value of the sample `line_start` (name and labels) in `text`.
     fn sample(text: &str, line_start: &str) -> f64 {
