@@ -192,11 +192,7 @@ impl DigitsAgent {
                 Endpoint::Unix(dir.path().join("a.sock")),
                 Endpoint::parse("tcp://127.0.0.1:0").expect("tcp endpoint"),
             ],
-            models: vec![ModelConfig {
-                name: "digits".into(),
-                path: digits_model(),
-                concurrency: 1,
-            }],
+            models: vec![ModelConfig::new("digits", digits_model())],
             ..AgentConfig::default()
         };
         let agent = Agent::start(cfg).unwrap_or_else(|e| {

@@ -40,13 +40,15 @@ create_exception!(
     _native,
     Overloaded,
     TensorwireError,
-    "The session already has its maximum of requests in flight."
+    "Refused at once, not run: the session already has its maximum of requests in flight, \
+     or the model's queue in the agent is full (its max_queue requests wait already)."
 );
 create_exception!(
     _native,
     Timeout,
     TensorwireError,
-    "No response came within the timeout; the request was given up."
+    "No response came within the timeout (the request was given up), or the request \
+     waited its whole queue timeout in the agent and was never computed."
 );
 create_exception!(
     _native,
@@ -99,8 +101,8 @@ pub fn to_py(e: ClientError) -> PyErr {
         ClientError::UnknownModel(_) => UnknownModel::new_err(msg),
         ClientError::InvalidInput(_) => InvalidInput::new_err(msg),
         ClientError::LimitExceeded(_) => LimitExceeded::new_err(msg),
-        ClientError::TooManyInFlight(_) => Overloaded::new_err(msg),
-        ClientError::Timeout(_) => Timeout::new_err(msg),
+        ClientError::TooManyInFlight(_) | ClientError::Overloaded(_) => Overloaded::new_err(msg),
+        ClientError::Timeout(_) | ClientError::QueueTimeout(_) => Timeout::new_err(msg),
         ClientError::AgentGone(_) => Disconnected::new_err(msg),
         ClientError::ShuttingDown(_) => ShuttingDown::new_err(msg),
         ClientError::Engine(_) => EngineError::new_err(msg),

@@ -9,6 +9,12 @@
 //! returns, and the arrays stay referenced until then. Outputs leave as an
 //! `Outputs` dict of read-only ndarrays over [`Block`]s. The GIL is
 //! released for everything that waits or copies.
+//!
+//! A request may carry a priority level and a queue timeout (`priority=`,
+//! `queue_timeout=`): they are checked here (`ValueError` naming the bad
+//! one) and sent through a clone of the Rust `Model` made
+//! `with_priority` / `with_queue_timeout`, so the handle itself keeps the
+//! model's defaults.
 
 use crate::arrays::{self, InputArray};
 use crate::block::Block;
@@ -19,6 +25,7 @@ use numpy::PyUntypedArray;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyMapping, PyString, PyType};
+use std::borrow::Cow;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +48,53 @@ pub(crate) fn seconds(what: &str, s: f64) -> PyResult<Duration> {
     Ok(Duration::from_secs_f64(
         s.min(client::MAX_WAIT.as_secs_f64()),
     ))
+}
+
+/// A request's priority level from the caller: an integer 0..=255 (1 the
+/// highest, 0 or `None` the model's default level). Out of range:
+/// `ValueError` naming it; not an integer: `TypeError`.
+fn parse_priority(p: Option<&Bound<'_, PyAny>>) -> PyResult<u8> {
+    let Some(p) = p.filter(|p| !p.is_none()) else {
+        return Ok(0);
+    };
+    let out_of_range = || {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "priority must be 0..=255 (1 = the highest level, 0 = the model's default), not {p}"
+        ))
+    };
+    match p.extract::<i64>() {
+        Ok(n) => u8::try_from(n).map_err(|_| out_of_range()),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(p.py()) => {
+            Err(out_of_range())
+        }
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "priority must be an integer 0..=255, not {}",
+            p.get_type().name()?
+        ))),
+    }
+}
+
+/// The longest queue timeout a request header holds: `u32::MAX` µs.
+const MAX_QUEUE_TIMEOUT: Duration = Duration::from_micros(u32::MAX as u64);
+
+/// A request's queue timeout from seconds given by the caller (`None` or 0:
+/// the model's default): finite, ≥ 0 and at most [`MAX_QUEUE_TIMEOUT`]
+/// (~71.6 min), else `ValueError`; a fraction of a µs counts as a whole one
+/// (it is not 0, the model's default).
+fn parse_queue_timeout(s: Option<f64>) -> PyResult<Option<Duration>> {
+    let Some(s) = s else {
+        return Ok(None);
+    };
+    let d = seconds("queue_timeout", s)?;
+    if d > MAX_QUEUE_TIMEOUT {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "queue_timeout must be at most {} seconds (the request header holds whole µs \
+             in 32 bits), not {s}",
+            MAX_QUEUE_TIMEOUT.as_secs_f64()
+        )));
+    }
+    let us = d.as_nanos().div_ceil(1000);
+    Ok(Some(Duration::from_micros(us as u64)))
 }
 
 fn specs(v: &[TensorSpec]) -> Vec<SpecTuple> {
@@ -280,6 +334,19 @@ pub struct Model {
 }
 
 impl Model {
+    /// The Rust model to send a request through: this handle's, or a clone
+    /// carrying the request's priority level and queue timeout.
+    fn scheduled(&self, priority: u8, queue_timeout: Option<Duration>) -> Cow<'_, client::Model> {
+        if priority == 0 && queue_timeout.is_none() {
+            return Cow::Borrowed(&*self.model);
+        }
+        let mut m = (*self.model).clone().with_priority(priority);
+        if let Some(t) = queue_timeout {
+            m = m.with_queue_timeout(t);
+        }
+        Cow::Owned(m)
+    }
+
     fn check(&self) -> PyResult<()> {
         if !fork::same_process(self.made) {
             return Err(forked("model"));
@@ -516,22 +583,31 @@ impl Model {
 
     /// Runs the model on `inputs` (a dict of name -> array, or a sequence
     /// in signature order) and waits at most `timeout` seconds (default:
-    /// the client's) for its outputs.
-    #[pyo3(signature = (inputs, timeout = None))]
+    /// the client's) for its outputs. `priority`: the request's level, 1
+    /// the highest (0 or None: the model's default); `queue_timeout`: the
+    /// most seconds it may wait in the agent's queue for the model (None
+    /// or 0: the model's default).
+    #[pyo3(signature = (inputs, timeout = None, *, priority = None, queue_timeout = None))]
     fn infer<'py>(
         &self,
         inputs: &Bound<'py, PyAny>,
         timeout: Option<f64>,
+        priority: Option<&Bound<'py, PyAny>>,
+        queue_timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.check()?;
         let py = inputs.py();
         let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let model = self.scheduled(
+            parse_priority(priority)?,
+            parse_queue_timeout(queue_timeout)?,
+        );
         let (arrays, names) = self.prepare(inputs)?;
         let refs = tensor_refs(&arrays)?;
         let r = py
             .detach(|| match timeout {
-                None => self.model.infer(&refs),
-                Some(t) => self.model.submit(&refs)?.wait_timeout(t),
+                None => model.infer(&refs),
+                Some(t) => model.submit(&refs)?.wait_timeout(t),
             })
             .map_err(to_py)?;
         drop(refs);
@@ -540,13 +616,24 @@ impl Model {
         outputs(py, r, self.shared.shm, &self.out_names, &in_names)
     }
 
-    /// Sends a request without waiting for it.
-    fn submit(&self, inputs: &Bound<'_, PyAny>) -> PyResult<Pending> {
+    /// Sends a request without waiting for it (`priority`, `queue_timeout`:
+    /// as for [`infer`](Model::infer)).
+    #[pyo3(signature = (inputs, *, priority = None, queue_timeout = None))]
+    fn submit<'py>(
+        &self,
+        inputs: &Bound<'py, PyAny>,
+        priority: Option<&Bound<'py, PyAny>>,
+        queue_timeout: Option<f64>,
+    ) -> PyResult<Pending> {
         self.check()?;
         let py = inputs.py();
+        let model = self.scheduled(
+            parse_priority(priority)?,
+            parse_queue_timeout(queue_timeout)?,
+        );
         let (arrays, names) = self.prepare(inputs)?;
         let refs = tensor_refs(&arrays)?;
-        let t = py.detach(|| self.model.submit(&refs)).map_err(to_py)?;
+        let t = py.detach(|| model.submit(&refs)).map_err(to_py)?;
         Ok(Pending {
             id: t.id(),
             ticket: Mutex::new(Some(t)),

@@ -7,6 +7,7 @@
     out = m.infer({"x": np.zeros((1, 64), np.float32)})    # dict name -> ndarray
     fut = m.submit({"x": x}); out = fut.result(timeout=1.0)  # many in flight
     out = await m.infer_async({"x": x})                      # asyncio
+    out = m.infer({"x": x}, priority=1, queue_timeout=0.005) # agent's queue: level 1, ≤ 5 ms
     buf = c.empty((1, 64), np.float32)           # over shm: lives in the arena
     buf[:] = x; out = m.infer({"x": buf})        # sent where it lies: no copy
 
@@ -242,7 +243,14 @@ class Model:
     def __repr__(self) -> str:
         return f"Model({self.name!r}, inputs={self.inputs}, outputs={self.outputs})"
 
-    def infer(self, inputs: Inputs, timeout: Optional[float] = None) -> Outputs:
+    def infer(
+        self,
+        inputs: Inputs,
+        timeout: Optional[float] = None,
+        *,
+        priority: int = 0,
+        queue_timeout: Optional[float] = None,
+    ) -> Outputs:
         """Runs the model and waits at most ``timeout`` seconds (default: the
         client's) for its outputs: a dict of output name -> read-only ndarray.
 
@@ -250,20 +258,55 @@ class Model:
         signature's order). Each must have the signature's dtype and shape
         (:class:`InvalidInput` names the one that does not, before anything
         is sent); arrays that are not C-contiguous are copied once
-        (``copy_stats()["contiguous_copies"]``)."""
-        return self._m.infer(inputs, timeout)
+        (``copy_stats()["contiguous_copies"]``).
 
-    def submit(self, inputs: Inputs) -> Future:
+        When the model is busy, the request waits in the agent's queue for
+        it; two arguments say how:
+
+        ``priority``: the request's level, 1 the highest, up to the model's
+        ``priority_levels``; 0 (the default) is the model's default level.
+        Higher levels are served first; a waiting request rises one level
+        per ``priority_aging_ms`` of the model, so none starves. A level
+        the model does not have raises :class:`InvalidInput`; one outside
+        0..=255 raises ``ValueError`` before anything is sent.
+
+        ``queue_timeout``: the most seconds the request may wait in that
+        queue (None or 0: the model's default, ``queue_timeout_ms``; at most
+        ~4295 s). A request still waiting then is never computed and raises
+        :class:`Timeout`. A negative, infinite or NaN value raises
+        ``ValueError``. ``timeout`` (the wait for the answer) should be
+        longer. A model whose queue is full (``max_queue``) refuses the
+        request at once: :class:`Overloaded`."""
+        return self._m.infer(inputs, timeout, priority=priority, queue_timeout=queue_timeout)
+
+    def submit(
+        self,
+        inputs: Inputs,
+        *,
+        priority: int = 0,
+        queue_timeout: Optional[float] = None,
+    ) -> Future:
         """Sends a request without waiting; many may be in flight at once.
         The inputs are sent (or copied into the arena) before it returns, so
         they may be reused at once — except :meth:`Client.empty` buffers,
-        which are read in place until the response has come."""
-        return Future(self._m.submit(inputs))
+        which are read in place until the response has come. ``priority``
+        and ``queue_timeout``: as for :meth:`infer` (a bad value raises
+        ``ValueError`` here; the agent's refusals come from
+        :meth:`Future.result`)."""
+        return Future(self._m.submit(inputs, priority=priority, queue_timeout=queue_timeout))
 
-    async def infer_async(self, inputs: Inputs, timeout: Optional[float] = None) -> Outputs:
+    async def infer_async(
+        self,
+        inputs: Inputs,
+        timeout: Optional[float] = None,
+        *,
+        priority: int = 0,
+        queue_timeout: Optional[float] = None,
+    ) -> Outputs:
         """:meth:`infer` for asyncio: sends at once, then waits in the loop's
-        default executor, so the event loop goes on meanwhile."""
-        fut = self.submit(inputs)
+        default executor, so the event loop goes on meanwhile. ``priority``
+        and ``queue_timeout``: as for :meth:`infer`."""
+        fut = self.submit(inputs, priority=priority, queue_timeout=queue_timeout)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, fut.result, timeout)
 

@@ -50,8 +50,21 @@ class Model:
     def inputs(self) -> List[_Spec]: ...
     @property
     def outputs(self) -> List[_Spec]: ...
-    def infer(self, inputs: _Inputs, timeout: Optional[float] = None) -> Dict[str, np.ndarray]: ...
-    def submit(self, inputs: _Inputs) -> Pending: ...
+    def infer(
+        self,
+        inputs: _Inputs,
+        timeout: Optional[float] = None,
+        *,
+        priority: Optional[int] = None,
+        queue_timeout: Optional[float] = None,
+    ) -> Dict[str, np.ndarray]: ...
+    def submit(
+        self,
+        inputs: _Inputs,
+        *,
+        priority: Optional[int] = None,
+        queue_timeout: Optional[float] = None,
+    ) -> Pending: ...
 
 class Client:
     def __init__(

@@ -167,11 +167,7 @@ impl TestAgent {
         let cfg = AgentConfig {
             models: models
                 .iter()
-                .map(|(name, path)| ModelConfig {
-                    name: name.to_string(),
-                    path: path.to_path_buf(),
-                    concurrency: 1,
-                })
+                .map(|(name, path)| ModelConfig::new(name.to_string(), path.to_path_buf()))
                 .collect(),
             ..AgentConfig::default()
         };

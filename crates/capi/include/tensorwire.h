@@ -64,11 +64,13 @@ typedef enum tw_status {
    */
   TW_ERR_LIMIT_EXCEEDED = 4,
   /**
-   * The session already has its maximum of requests in flight.
+   * The session already has its maximum of requests in flight, or the
+   * model's queue in the agent is full (the request was not run).
    */
   TW_ERR_OVERLOADED = 5,
   /**
-   * No response arrived within the timeout.
+   * No response arrived within the timeout, or the request waited its
+   * whole queue timeout in the agent (it was not run).
    */
   TW_ERR_TIMEOUT = 6,
   /**

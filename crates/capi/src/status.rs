@@ -24,9 +24,11 @@ pub enum TwStatus {
     /// A size or count is over the session's limits (or the shared-memory
     /// arena is full).
     TW_ERR_LIMIT_EXCEEDED = 4,
-    /// The session already has its maximum of requests in flight.
+    /// The session already has its maximum of requests in flight, or the
+    /// model's queue in the agent is full (the request was not run).
     TW_ERR_OVERLOADED = 5,
-    /// No response arrived within the timeout.
+    /// No response arrived within the timeout, or the request waited its
+    /// whole queue timeout in the agent (it was not run).
     TW_ERR_TIMEOUT = 6,
     /// The agent closed the connection or died.
     TW_ERR_DISCONNECTED = 7,
@@ -79,8 +81,10 @@ impl TwStatus {
             ClientError::UnknownModel(_) => TwStatus::TW_ERR_UNKNOWN_MODEL,
             ClientError::InvalidInput(_) => TwStatus::TW_ERR_INVALID_INPUT,
             ClientError::LimitExceeded(_) => TwStatus::TW_ERR_LIMIT_EXCEEDED,
-            ClientError::TooManyInFlight(_) => TwStatus::TW_ERR_OVERLOADED,
-            ClientError::Timeout(_) => TwStatus::TW_ERR_TIMEOUT,
+            ClientError::TooManyInFlight(_) | ClientError::Overloaded(_) => {
+                TwStatus::TW_ERR_OVERLOADED
+            }
+            ClientError::Timeout(_) | ClientError::QueueTimeout(_) => TwStatus::TW_ERR_TIMEOUT,
             ClientError::AgentGone(_) => TwStatus::TW_ERR_DISCONNECTED,
             ClientError::ShuttingDown(_) => TwStatus::TW_ERR_SHUTTING_DOWN,
             ClientError::Engine(_) => TwStatus::TW_ERR_ENGINE,

@@ -96,11 +96,10 @@ impl RunningAgent {
                 );
                 let cfg = AgentConfig {
                     listen: vec![Endpoint::Inproc(name.clone())],
-                    models: vec![ModelConfig {
-                        name: spec.model_name.clone(),
-                        path: spec.model_path.clone(),
-                        concurrency: 1,
-                    }],
+                    models: vec![ModelConfig::new(
+                        spec.model_name.clone(),
+                        spec.model_path.clone(),
+                    )],
                     intra_threads: spec.intra_threads,
                     ..AgentConfig::default()
                 };

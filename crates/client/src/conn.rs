@@ -225,11 +225,17 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// A model resolved on a session: its id and signature.
+/// A model resolved on a session: its id and signature, and what its
+/// requests ask of the agent's queue ([`with_priority`](Model::with_priority),
+/// [`with_queue_timeout`](Model::with_queue_timeout)).
 #[derive(Clone, Debug)]
 pub struct Model {
     client: Client,
     info: ModelInfo,
+    /// Priority level of its requests (0: the model's default).
+    priority: u8,
+    /// Queue timeout of its requests, µs (0: the model's default).
+    timeout_us: u32,
 }
 
 /// A request in flight. Wait for it with [`Ticket::wait`]; dropping it
@@ -391,6 +397,8 @@ impl Client {
                 id: f.header.model_id,
                 signature,
             },
+            priority: 0,
+            timeout_us: 0,
         })
     }
 
@@ -491,6 +499,27 @@ impl Model {
     /// The model's name, inputs and outputs.
     pub fn signature(&self) -> &ModelSignature {
         &self.info.signature
+    }
+
+    /// This handle with its requests at priority `level`: 1 is the
+    /// highest, up to the model's `priority_levels`; 0 the model's default
+    /// level. The agent serves higher levels first (with aging, so lower
+    /// ones are not starved); a level the model does not have is refused
+    /// (`InvalidInput`).
+    pub fn with_priority(mut self, level: u8) -> Model {
+        self.priority = level;
+        self
+    }
+
+    /// This handle with its requests waiting at most `timeout` in the
+    /// agent's queue for the model: past it a request is answered
+    /// [`ClientError::QueueTimeout`] and never computed. Zero: the model's
+    /// default. Whole µs, at most `u32::MAX` µs (~71 min; longer is cut to
+    /// that). The client's own wait ([`ClientOptions::timeout`]) is
+    /// separate and should be longer.
+    pub fn with_queue_timeout(mut self, timeout: Duration) -> Model {
+        self.timeout_us = u32::try_from(timeout.as_micros()).unwrap_or(u32::MAX);
+        self
     }
 
     /// Runs the model on `inputs` (in signature order) and waits for the outputs.
@@ -610,6 +639,8 @@ impl Model {
         h.tensor_count = descs.len() as u32;
         h.desc_len = desc.len() as u32;
         h.payload_len = payload_len;
+        h.priority = self.priority;
+        h.timeout_us = self.timeout_us;
         if timed {
             h.flags |= flags::WANT_TIMELINE;
         }

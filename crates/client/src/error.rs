@@ -34,6 +34,14 @@ pub enum ClientError {
     /// The engine failed to run the model.
     #[error("inference failed: {0}")]
     Engine(String),
+    /// The model's queue in the agent was full: the request was refused at
+    /// once, not run (retry later, or elsewhere).
+    #[error("overloaded: {0}")]
+    Overloaded(String),
+    /// The request waited its whole queue timeout in the agent and was
+    /// never computed.
+    #[error("timed out in the agent's queue: {0}")]
+    QueueTimeout(String),
     /// The agent reported another error.
     #[error("agent error ({status}): {message}")]
     Remote {
@@ -56,6 +64,8 @@ impl ClientError {
             Status::LimitExceeded => ClientError::LimitExceeded(message),
             Status::ShuttingDown => ClientError::ShuttingDown(message),
             Status::EngineError => ClientError::Engine(message),
+            Status::Overloaded => ClientError::Overloaded(message),
+            Status::Timeout => ClientError::QueueTimeout(message),
             status => ClientError::Remote { status, message },
         }
     }

@@ -427,11 +427,7 @@ fn digits_onnx_is_bit_identical_to_in_process() {
         );
 
         let cfg = AgentConfig {
-            models: vec![ModelConfig {
-                name: "digits".into(),
-                path: path.clone(),
-                concurrency: 1,
-            }],
+            models: vec![ModelConfig::new("digits", path.clone())],
             ..AgentConfig::default()
         };
         let agent = TestAgent::start(cfg, None);
@@ -607,11 +603,7 @@ fn digits_outputs_are_released_too() {
         let path = models_dir().join("digits_mlp.onnx");
         let input = read_built("digits_mlp_input.bin");
         let cfg = AgentConfig {
-            models: vec![ModelConfig {
-                name: "digits".into(),
-                path,
-                concurrency: 1,
-            }],
+            models: vec![ModelConfig::new("digits", path)],
             // One page: a few dozen 160-byte outputs at most.
             shm_agent_bytes: 4096,
             ..AgentConfig::default()

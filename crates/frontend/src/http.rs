@@ -17,7 +17,8 @@ use crate::proto::{DataType, ModelConfig};
 use crate::server::{parse_host_port, FrontendError, Running};
 use crate::service::EXTENSIONS;
 use crate::service::{
-    find_model, infer_over_core, metadata, platform, InFlight, Output, Requested, Shared,
+    find_model, infer_over_core, metadata, platform, InFlight, Output, Requested, Scheduling,
+    Shared,
 };
 use crate::statistics::{model_statistics, stats_json, Refusal};
 use crate::sysshm::{shm_ref, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
@@ -187,6 +188,7 @@ fn status_response(s: &Status) -> Response {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
         Code::AlreadyExists => StatusCode::CONFLICT,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
@@ -540,6 +542,8 @@ struct Request {
     /// Requested outputs and whether each goes back as binary data.
     outputs: Vec<(Requested, bool)>,
     binary_default: bool,
+    /// `parameters.priority` and `parameters.timeout` (µs).
+    sched: Scheduling,
 }
 
 fn infer(
@@ -564,7 +568,15 @@ fn infer(
     let req = parse_request(&body, header_len)?;
     refusal.passed();
     let wanted: Vec<Requested> = req.outputs.iter().map(|(r, _)| r.clone()).collect();
-    let outputs = infer_over_core(door, shared, &model, req.tensors, req.raw, &wanted)?;
+    let outputs = infer_over_core(
+        door,
+        shared,
+        &model,
+        req.tensors,
+        req.raw,
+        &wanted,
+        req.sched,
+    )?;
     let mut binary = Vec::new();
     let mut json_outputs = Vec::with_capacity(outputs.len());
     for o in outputs {
@@ -643,6 +655,17 @@ fn parse_request(body: &Bytes, header_len: Option<usize>) -> Result<Request, Sta
             .as_bool()
             .ok_or_else(|| bad("parameters.binary_data_output must be true or false"))?,
     };
+    let num = |key: &str| -> Result<Option<u64>, Status> {
+        match params.and_then(|p| p.get(key)) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                bad(format!(
+                    "parameters.{key} must be a non-negative integer, not {v}"
+                ))
+            }),
+        }
+    };
+    let sched = Scheduling::new(num("priority")?, num("timeout")?)?;
     let inputs = obj
         .get("inputs")
         .and_then(Value::as_array)
@@ -774,6 +797,7 @@ fn parse_request(body: &Bytes, header_len: Option<usize>) -> Result<Request, Sta
         raw,
         outputs,
         binary_default,
+        sched,
     })
 }
 

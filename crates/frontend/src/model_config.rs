@@ -11,9 +11,12 @@
 
 use crate::proto::model_config::SchedulingChoice;
 use crate::proto::model_instance_group::Kind;
+use crate::proto::model_queue_policy::TimeoutAction;
 use crate::proto::{DataType, ModelConfig, ModelInput, ModelInstanceGroup, ModelOutput};
 use prost_reflect::{DescriptorPool, DynamicMessage};
+use server::QueuePolicy;
 use std::sync::OnceLock;
+use std::time::Duration;
 use wire::{DType, ModelSignature, TensorSpec};
 
 /// The platform name of ONNX Runtime models, as Triton reports it.
@@ -317,13 +320,52 @@ pub fn effective(mut c: ModelConfig, sig: &ModelSignature, instances: usize) -> 
     c
 }
 
-/// Whether the config asks for dynamic batching (which the agent does not
-/// do yet: the setting is reported, and a warning says it is not applied).
+/// Whether the config asks for batches (preferred sizes or a queue delay),
+/// which the agent does not form yet: the setting is reported, and a
+/// warning says it is not applied. Its priority and queue settings are
+/// applied ([`queue_policy`]).
 pub fn wants_batching(c: &ModelConfig) -> bool {
     matches!(
-        c.scheduling_choice,
-        Some(SchedulingChoice::DynamicBatching(_))
+        &c.scheduling_choice,
+        Some(SchedulingChoice::DynamicBatching(d))
+            if !d.preferred_batch_size.is_empty() || d.max_queue_delay_microseconds != 0
     )
+}
+
+/// The model's queue policy from `dynamic_batching`: `priority_levels`,
+/// `default_priority_level` (0: the lowest), and `default_queue_policy`'s
+/// `max_queue_size` and `default_timeout_microseconds`. A timeout action
+/// other than REJECT is refused (the agent never delays a timed-out
+/// request); `allow_timeout_override: false` makes the queue ignore the
+/// requests' own timeouts.
+pub fn queue_policy(c: &ModelConfig) -> Result<QueuePolicy, String> {
+    let mut p = QueuePolicy::default();
+    let Some(SchedulingChoice::DynamicBatching(d)) = &c.scheduling_choice else {
+        return Ok(p);
+    };
+    if d.priority_levels > 0 {
+        p.priority_levels = u8::try_from(d.priority_levels)
+            .map_err(|_| format!("priority_levels is {}, at most 255", d.priority_levels))?;
+    }
+    p.default_priority = match d.default_priority_level {
+        0 => p.priority_levels,
+        n => u8::try_from(n).unwrap_or(0),
+    };
+    if let Some(q) = &d.default_queue_policy {
+        if q.timeout_action() != TimeoutAction::Reject {
+            return Err(
+                "default_queue_policy.timeout_action DELAY is not served (a request whose \
+                 timeout passes is refused: REJECT)"
+                    .into(),
+            );
+        }
+        p.max_queue = q.max_queue_size as usize;
+        p.default_timeout = (q.default_timeout_microseconds != 0)
+            .then(|| Duration::from_micros(q.default_timeout_microseconds));
+        p.timeout_override = q.allow_timeout_override || q.default_timeout_microseconds == 0;
+    }
+    p.validate().map_err(|e| format!("dynamic_batching: {e}"))?;
+    Ok(p)
 }
 
 #[cfg(test)]
@@ -344,6 +386,37 @@ mod tests {
                 shape: vec![None, Some(10)],
             }],
         }
+    }
+
+    #[test]
+    fn the_queue_policy_comes_from_dynamic_batching() {
+        let p = |text: &str| queue_policy(&parse_pbtxt(text).expect("parses"));
+        assert_eq!(p("").expect("no settings"), QueuePolicy::default());
+        let q = p(r#"
+            dynamic_batching {
+              priority_levels: 3
+              default_queue_policy { max_queue_size: 8, default_timeout_microseconds: 2500 }
+            }"#)
+        .expect("a policy");
+        assert_eq!(q.priority_levels, 3);
+        assert_eq!(q.default_priority, 3, "unset: the lowest level");
+        assert_eq!(q.max_queue, 8);
+        assert_eq!(q.default_timeout, Some(Duration::from_micros(2500)));
+        assert!(
+            !q.timeout_override,
+            "Triton's allow_timeout_override defaults to false"
+        );
+        let q = p("dynamic_batching { priority_levels: 2, default_priority_level: 1 }")
+            .expect("a policy");
+        assert_eq!((q.priority_levels, q.default_priority), (2, 1));
+        let e = p("dynamic_batching { default_queue_policy { timeout_action: DELAY } }")
+            .expect_err("DELAY");
+        assert!(e.contains("DELAY"), "{e}");
+        let e = p("dynamic_batching { priority_levels: 2, default_priority_level: 5 }")
+            .expect_err("a level out of range");
+        assert!(e.contains("default_priority"), "{e}");
+        let e = p("dynamic_batching { priority_levels: 300 }").expect_err("too many levels");
+        assert!(e.contains("255"), "{e}");
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //! old one finish on it. A reload that fails keeps the old model serving.
 
 use crate::model_config::{
-    check_against, check_settings, effective, parse_pbtxt, wants_batching, DEFAULT_MODEL_FILENAME,
+    check_against, check_settings, effective, parse_pbtxt, queue_policy, wants_batching,
+    DEFAULT_MODEL_FILENAME,
 };
 use crate::proto::model_version_policy::PolicyChoice;
 use crate::proto::ModelConfig;
@@ -556,6 +557,7 @@ impl Repository {
             Err(e) => return Err(load_err(format!("{}: {e}", config_path.display()))),
         };
         let instances = check_settings(&config, name).map_err(load_err)?;
+        let policy = queue_policy(&config).map_err(load_err)?;
         let (version, file) = pick_version(dir, &config).map_err(load_err)?;
         let opts = OrtOptions {
             intra_threads: self.opts.intra_threads,
@@ -566,8 +568,9 @@ impl Repository {
         check_against(&config, backend.signature()).map_err(load_err)?;
         if wants_batching(&config) {
             eprintln!(
-                "tensorwire agent: model {name}: dynamic_batching is recorded but not applied \
-                 (the agent runs each request on its own)"
+                "tensorwire agent: model {name}: dynamic_batching's batch settings are recorded \
+                 but not applied (the agent runs each request on its own; its priority and \
+                 queue settings are applied)"
             );
         }
         let effective = effective(config, backend.signature(), instances);
@@ -576,6 +579,7 @@ impl Repository {
             concurrency: instances,
             version,
             outputs_in_place: true,
+            policy,
         });
         Ok((version, effective))
     }

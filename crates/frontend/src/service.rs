@@ -461,6 +461,7 @@ fn infer(
     let wanted = requested(&req.outputs)?;
     let model = find_model(&door.core, &req.model_name, &req.model_version)?;
     let version = model.version.to_string();
+    let sched = Scheduling::of_grpc(&req.parameters)?;
     let outputs = infer_over_core(
         door,
         shared,
@@ -468,6 +469,7 @@ fn infer(
         std::mem::take(&mut req.inputs),
         std::mem::take(&mut req.raw_input_contents),
         &wanted,
+        sched,
     )?;
     let (tensors, raw) = outputs
         .into_iter()
@@ -582,6 +584,7 @@ pub(crate) fn infer_over_core(
     tensors: Vec<InferInputTensor>,
     raw: Vec<Bytes>,
     wanted: &[Requested],
+    sched: Scheduling,
 ) -> Result<Vec<Output>, Status> {
     let core = &*door.core;
     // Arrival, for the model's statistics (front-door clients cannot ask
@@ -643,6 +646,8 @@ pub(crate) fn infer_over_core(
     let mut h = Header::new(Kind::Request);
     h.request_id = shared.next_id.fetch_add(1, Ordering::Relaxed) + 1;
     h.model_id = model.id;
+    h.priority = sched.priority;
+    h.timeout_us = sched.timeout_us;
     h.tensor_count =
         u32::try_from(descs.len()).map_err(|_| Status::invalid_argument("too many inputs"))?;
     h.desc_len = u32::try_from(desc.len())
@@ -1021,8 +1026,65 @@ fn error_status(reply: &Reply) -> Status {
         W::UnknownModel => Status::not_found(message),
         W::InvalidInput | W::Malformed => Status::invalid_argument(message),
         W::LimitExceeded | W::TooManyInFlight => Status::resource_exhausted(message),
-        W::ShuttingDown => Status::unavailable(message),
+        // A full queue is worth retrying (Triton answers UNAVAILABLE too).
+        W::ShuttingDown | W::Overloaded => Status::unavailable(message),
+        W::Timeout => Status::deadline_exceeded(message),
         _ => Status::internal(message),
+    }
+}
+
+/// What a KServe request asks of the model's queue: Triton's request
+/// parameters `priority` (1 = the highest level; 0 or absent: the model's
+/// default) and `timeout` (µs it may wait in the queue; 0 or absent: the
+/// model's default), carried to the core in the native header.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Scheduling {
+    pub(crate) priority: u8,
+    pub(crate) timeout_us: u32,
+}
+
+impl Scheduling {
+    /// From a gRPC request's parameters (int64 or uint64 values).
+    fn of_grpc(params: &HashMap<String, InferParameter>) -> Result<Scheduling, Status> {
+        let num = |key: &str| -> Result<Option<u64>, Status> {
+            match params.get(key).and_then(|p| p.parameter_choice.as_ref()) {
+                None => Ok(None),
+                Some(ParameterChoice::Int64Param(v)) => u64::try_from(*v).map(Some).map_err(|_| {
+                    Status::invalid_argument(format!("parameter '{key}' is {v}, must be 0 or more"))
+                }),
+                Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
+                Some(_) => Err(Status::invalid_argument(format!(
+                    "parameter '{key}' must be an integer"
+                ))),
+            }
+        };
+        Scheduling::new(num("priority")?, num("timeout")?)
+    }
+
+    /// From the two values, range-checked: a priority fits 0..=255, a
+    /// timeout 0..=u32::MAX µs.
+    pub(crate) fn new(
+        priority: Option<u64>,
+        timeout_us: Option<u64>,
+    ) -> Result<Scheduling, Status> {
+        let priority = u8::try_from(priority.unwrap_or(0)).map_err(|_| {
+            Status::invalid_argument(format!(
+                "parameter 'priority' is {}, must be 0..=255 (1 = the highest level; 0 = the \
+                 model's default)",
+                priority.unwrap_or(0)
+            ))
+        })?;
+        let timeout_us = u32::try_from(timeout_us.unwrap_or(0)).map_err(|_| {
+            Status::invalid_argument(format!(
+                "parameter 'timeout' is {} µs, at most {} (~71 min)",
+                timeout_us.unwrap_or(0),
+                u32::MAX
+            ))
+        })?;
+        Ok(Scheduling {
+            priority,
+            timeout_us,
+        })
     }
 }
 

@@ -9,7 +9,12 @@
 //! [[model]]
 //! name = "digits"
 //! path = "models/build/digits_mlp.onnx"
-//! concurrency = 1          # runs of this model at once (default 1)
+//! concurrency = 1          # runs of this model at once, its engine instances (default 1)
+//! max_queue = 0            # most requests waiting; one more is refused `overloaded` (0 = no limit)
+//! priority_levels = 1      # request priorities 1 (highest) ..= this
+//! default_priority = 1     # level of a request that names none (default: the lowest)
+//! priority_aging_ms = 1000 # a waiting request rises a level per this long (starvation bound)
+//! queue_timeout_ms = 0     # longest wait of a request that names no timeout (0 = none)
 //!
 //! [limits]                 # per session; defaults shown
 //! max_tensors = 64
@@ -56,6 +61,7 @@
 //! forgot (off by default: the clients keep their connection for reuse).
 //! Waiting and idle connections hold no thread (`server::reactor`).
 
+use crate::queue::QueuePolicy;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -100,9 +106,35 @@ pub struct ModelConfig {
     pub name: String,
     /// The ONNX file.
     pub path: PathBuf,
-    /// How many runs of this model may execute at once.
-    #[serde(default = "one")]
+    /// How many runs of this model may execute at once (its engine
+    /// instances: one ONNX Runtime session each). `instances` in a file.
+    #[serde(default = "one", alias = "instances")]
     pub concurrency: usize,
+    /// The most requests that may wait for it (0: no limit); one more is
+    /// refused `overloaded` at once.
+    #[serde(default)]
+    pub max_queue: usize,
+    /// Request priority levels, 1 (the highest) to this.
+    #[serde(default = "one_u8")]
+    pub priority_levels: u8,
+    /// The level of a request that names none; `None`: the lowest.
+    #[serde(default)]
+    pub default_priority: Option<u8>,
+    /// A waiting request counts one level higher per this many ms waited.
+    #[serde(default = "thousand")]
+    pub priority_aging_ms: u64,
+    /// How long a request that names no timeout may wait (ms; 0 = no
+    /// limit).
+    #[serde(default)]
+    pub queue_timeout_ms: u64,
+}
+
+fn one_u8() -> u8 {
+    1
+}
+
+fn thousand() -> u64 {
+    1000
 }
 
 fn one() -> usize {
@@ -110,16 +142,39 @@ fn one() -> usize {
 }
 
 impl ModelConfig {
+    /// `name` served from `path` with every other setting at its default.
+    pub fn new(name: impl Into<String>, path: impl Into<PathBuf>) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
+            path: path.into(),
+            concurrency: 1,
+            max_queue: 0,
+            priority_levels: 1,
+            default_priority: None,
+            priority_aging_ms: thousand(),
+            queue_timeout_ms: 0,
+        }
+    }
+
     /// Parses `NAME=PATH` (the `--model` flag).
     pub fn parse_flag(s: &str) -> Result<ModelConfig, ConfigError> {
         let (name, path) = s.split_once('=').ok_or_else(|| {
             ConfigError::Invalid(format!("--model takes NAME=PATH.onnx, got '{s}'"))
         })?;
-        Ok(ModelConfig {
-            name: name.to_string(),
-            path: PathBuf::from(path),
-            concurrency: 1,
-        })
+        Ok(ModelConfig::new(name, path))
+    }
+
+    /// Its queue's policy (checked by [`AgentConfig::validate`]).
+    pub fn queue_policy(&self) -> QueuePolicy {
+        QueuePolicy {
+            max_queue: self.max_queue,
+            priority_levels: self.priority_levels,
+            default_priority: self.default_priority.unwrap_or(self.priority_levels),
+            aging: Duration::from_millis(self.priority_aging_ms),
+            default_timeout: (self.queue_timeout_ms != 0)
+                .then(|| Duration::from_millis(self.queue_timeout_ms)),
+            timeout_override: true,
+        }
     }
 }
 
@@ -511,6 +566,9 @@ impl AgentConfig {
                     m.name, m.concurrency
                 ));
             }
+            if let Err(e) = m.queue_policy().validate() {
+                return bad(format!("model '{}': {e}", m.name));
+            }
         }
         Ok(())
     }
@@ -610,6 +668,53 @@ mod tests {
             .push(ModelConfig::parse_flag("a=y.onnx").unwrap());
         assert!(cfg.validate().is_err());
         assert!(ModelConfig::parse_flag("nopath").is_err());
+    }
+
+    #[test]
+    fn model_queue_settings_come_from_the_file_and_are_checked() {
+        let cfg = AgentConfig::from_toml(
+            r#"
+            [[model]]
+            name = "m"
+            path = "m.onnx"
+            instances = 2
+            max_queue = 16
+            priority_levels = 3
+            priority_aging_ms = 250
+            queue_timeout_ms = 40
+            "#,
+        )
+        .expect("a valid config");
+        let m = &cfg.models[0];
+        assert_eq!(m.concurrency, 2, "instances is concurrency");
+        let p = m.queue_policy();
+        assert_eq!(
+            (p.max_queue, p.priority_levels, p.default_priority),
+            (16, 3, 3)
+        );
+        assert_eq!(p.aging, Duration::from_millis(250));
+        assert_eq!(p.default_timeout, Some(Duration::from_millis(40)));
+        assert_eq!(
+            ModelConfig::new("m", "m.onnx").queue_policy(),
+            QueuePolicy::default()
+        );
+        for (bad, needle) in [
+            ("priority_levels = 0", "priority_levels"),
+            (
+                "priority_levels = 2\ndefault_priority = 3",
+                "default_priority",
+            ),
+            ("priority_aging_ms = 0", "aging"),
+        ] {
+            let e = AgentConfig::from_toml(&format!(
+                "[[model]]\nname = \"m\"\npath = \"m.onnx\"\n{bad}\n"
+            ))
+            .expect("parses")
+            .validate()
+            .expect_err(bad)
+            .to_string();
+            assert!(e.contains(needle) && e.contains("model 'm'"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! the timeline a transport stamps: one that reads the clock while the
 //! agent times requests for these statistics (`AgentConfig::request_timing`).
 
+use crate::queue::{Ask, Refused};
 use crate::registry::{ModelEntry, ModelRegistry};
 use crate::stats::Via;
 use engine::{Output, OutputData, TensorView};
@@ -99,6 +100,9 @@ pub struct Prepared<'a> {
     pub want_timeline: bool,
     /// The session's limits (the response must fit them too).
     pub limits: Limits,
+    /// What it asks of the model's queue (priority, timeout), from its
+    /// header.
+    pub ask: Ask,
     _in_flight: InFlight<'a>,
 }
 
@@ -479,6 +483,7 @@ impl AgentCore {
             request_id: id,
             want_timeline: h.flags & flags::WANT_TIMELINE != 0,
             limits: *limits,
+            ask: Ask::from_header(h.priority, h.timeout_us),
             _in_flight: InFlight {
                 core: self,
                 reserved: want,
@@ -537,7 +542,7 @@ impl AgentCore {
         tl: &mut Timeline,
     ) -> Result<Vec<Output>, Reply> {
         let backend = &p.model.backend;
-        let result = p.model.queue.run(tl, || {
+        let result = p.model.queue.run(p.ask, tl, || {
             std::panic::catch_unwind(AssertUnwindSafe(|| backend.run(inputs)))
         });
         self.engine_result(p, result)
@@ -554,7 +559,7 @@ impl AgentCore {
         tl: &mut Timeline,
     ) -> Result<(), Reply> {
         let backend = &p.model.backend;
-        let result = p.model.queue.run(tl, || {
+        let result = p.model.queue.run(p.ask, tl, || {
             std::panic::catch_unwind(AssertUnwindSafe(|| backend.run_into(inputs, outputs)))
         });
         self.engine_result(p, result)
@@ -563,8 +568,20 @@ impl AgentCore {
     fn engine_result<T>(
         &self,
         p: &Prepared<'_>,
-        result: std::thread::Result<Result<T, engine::EngineError>>,
+        result: Result<std::thread::Result<Result<T, engine::EngineError>>, Refused>,
     ) -> Result<T, Reply> {
+        let result = match result {
+            Ok(r) => r,
+            Err(refused) => {
+                let status = match refused {
+                    Refused::Overloaded { .. } => Status::Overloaded,
+                    Refused::Timeout { .. } => Status::Timeout,
+                    Refused::BadPriority { .. } => Status::InvalidInput,
+                };
+                let msg = format!("model '{}': {refused}", p.model.signature().name);
+                return Err(self.fail(Reply::error(p.request_id, status, &msg)));
+            }
+        };
         match result {
             Ok(Ok(o)) => Ok(o),
             Ok(Err(e)) => {

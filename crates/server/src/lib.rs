@@ -31,6 +31,7 @@ pub mod stats;
 
 pub use agent::{Agent, AgentStats};
 pub use config::{AgentConfig, ConfigError, ModelConfig};
+pub use queue::{Ask, QueuePolicy, Refused};
 pub use registry::{ModelEntry, ModelRegistry, NewModel};
 pub use shm_session::ShmSettings;
 pub use stats::{ModelStats, StatsSnapshot, Via};

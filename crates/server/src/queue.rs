@@ -1,50 +1,194 @@
 //! [`ModelQueue`]: the per-model queue between sessions and the engine.
 //!
-//! Admission is FIFO by ticket, with at most `concurrency` runs of the model
-//! at once. Whoever is admitted runs the model *on its own thread*: there
-//! are no engine worker threads to hand requests to, because waking a
-//! sleeping thread on the other core costs ~5 µs each way on these
-//! machines, more than the whole socket round trip. When the model is busy,
-//! requests wait here, in order, and the time they wait is the timeline's
-//! queue stage. Dynamic batching fits the same shape: the admitted holder
-//! may take the requests queued behind it along into one run.
+//! At most `concurrency` runs of the model at once (its engine instances).
+//! Whoever is admitted runs the model *on its own thread*: there are no
+//! engine worker threads to hand requests to, because waking a sleeping
+//! thread on the other core costs ~5 µs each way on these machines, more
+//! than the whole socket round trip. When the model is busy, requests wait
+//! here, and the time they wait is the timeline's queue stage.
+//!
+//! Who goes next is decided by the [`QueuePolicy`]: the waiter with the
+//! best *effective level* — its priority level (1 = highest) minus one for
+//! every `aging` it has waited — and, between equals, the one that came
+//! first. So higher priority is served first, and no request starves: a
+//! request of level `p` is ahead of every request that arrives more than
+//! `(p - 1) × aging` after it. A request may wait at most its timeout (its
+//! own, or the policy's default); then it leaves the queue answered
+//! [`Refused::Timeout`], never computed. With `max_queue` requests already
+//! waiting, one more is refused at once ([`Refused::Overloaded`]).
+//!
+//! Dynamic batching fits the same shape: the admitted holder may take the
+//! requests queued behind it along into one run.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 use wire::{Stage, Timeline};
 
 /// One run in progress, in [`ModelQueue::word`].
 const RUNNING_ONE: u64 = 1;
-/// One request waiting (or taking a ticket), in [`ModelQueue::word`].
+/// One request waiting, in [`ModelQueue::word`].
 const WAITING_ONE: u64 = 1 << 32;
 const RUNNING_MASK: u64 = WAITING_ONE - 1;
 
-/// FIFO admission to a model, `concurrency` runs at a time.
+/// How a model's queue orders and bounds the requests that wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuePolicy {
+    /// The most requests that may wait; one more is refused at once
+    /// ([`Refused::Overloaded`]). 0: no limit (the agent's in-flight and
+    /// payload limits still bound it).
+    pub max_queue: usize,
+    /// Priority levels, 1 (the highest) to `priority_levels`.
+    pub priority_levels: u8,
+    /// The level of a request that names none (priority 0).
+    pub default_priority: u8,
+    /// A waiting request counts one level higher for every `aging` it has
+    /// waited (the starvation bound; see the module doc).
+    pub aging: Duration,
+    /// How long a request that names no timeout may wait; `None`: as long
+    /// as it takes.
+    pub default_timeout: Option<Duration>,
+    /// Whether a request's own timeout replaces `default_timeout` (else
+    /// requests' timeouts are ignored).
+    pub timeout_override: bool,
+}
+
+impl Default for QueuePolicy {
+    /// No queue limit, one priority level, aging 1 s, no timeout.
+    fn default() -> Self {
+        QueuePolicy {
+            max_queue: 0,
+            priority_levels: 1,
+            default_priority: 1,
+            aging: Duration::from_secs(1),
+            default_timeout: None,
+            timeout_override: true,
+        }
+    }
+}
+
+impl QueuePolicy {
+    /// Checks the settings: 1 ≤ levels, default level within them, a
+    /// non-zero aging. The message names the bad setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.priority_levels == 0 {
+            return Err("priority_levels must be at least 1".into());
+        }
+        if self.default_priority == 0 || self.default_priority > self.priority_levels {
+            return Err(format!(
+                "default_priority must be 1..={} (the priority levels), not {}",
+                self.priority_levels, self.default_priority
+            ));
+        }
+        if self.aging.is_zero() {
+            return Err("priority aging must be longer than 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a request asks of the queue: its priority level (0: the policy's
+/// default) and how long it may wait (`None`: the policy's default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ask {
+    /// 1 = highest; 0 = the model's default level.
+    pub priority: u8,
+    /// The longest wait; `None` = the model's default.
+    pub timeout: Option<Duration>,
+}
+
+impl Ask {
+    /// The request header's fields: `priority`, and `timeout_us` (0 = none).
+    pub fn from_header(priority: u8, timeout_us: u32) -> Ask {
+        Ask {
+            priority,
+            timeout: (timeout_us != 0).then(|| Duration::from_micros(timeout_us.into())),
+        }
+    }
+}
+
+/// Why the queue did not run a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// `max_queue` requests were waiting already.
+    Overloaded {
+        /// The limit.
+        max_queue: usize,
+    },
+    /// The request waited its whole timeout without being admitted.
+    Timeout {
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The priority is above the model's levels.
+    BadPriority {
+        /// What the request asked.
+        asked: u8,
+        /// The model's levels.
+        levels: u8,
+    },
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Overloaded { max_queue } => write!(
+                f,
+                "the model's queue is full ({max_queue} requests wait already; retry later)"
+            ),
+            Refused::Timeout { waited } => write!(
+                f,
+                "the request waited {waited:?} in the model's queue, its whole timeout, and was \
+                 not computed"
+            ),
+            Refused::BadPriority { asked, levels } => write!(
+                f,
+                "priority {asked} is not one of the model's levels (1 = highest ..= {levels}; \
+                 0 = the model's default)"
+            ),
+        }
+    }
+}
+
+/// Admission to a model, `concurrency` runs at a time, in the order of a
+/// [`QueuePolicy`].
 ///
 /// A request that finds the model free and nobody waiting is admitted by
 /// one compare-and-swap on [`word`](Self::word), without the lock: the
 /// common case of an idle or lightly used model costs two atomic
 /// operations, not two lock round trips. As soon as one request has to
-/// wait, every later one takes a ticket under the lock, so the order stays
-/// first come, first served; the fast path opens again when nobody waits.
+/// wait, every later one goes through the lock and the policy's order; the
+/// fast path opens again when nobody waits.
 #[derive(Debug)]
 pub struct ModelQueue {
-    /// Runs in progress (low 32 bits) and requests in the ticket line (high
-    /// 32 bits). A run is counted here from its admission to its end.
+    /// Runs in progress (low 32 bits) and requests waiting (high 32 bits).
+    /// A run is counted here from its admission to its end.
     word: AtomicU64,
     state: Mutex<State>,
     cv: Condvar,
     concurrency: usize,
+    policy: QueuePolicy,
     /// Runs completed, for stats.
     completed: AtomicU64,
+    /// Requests refused for a full queue, and timed out in it.
+    overloaded: AtomicU64,
+    timed_out: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// Next ticket to hand out.
-    next: u64,
-    /// Lowest ticket not yet admitted.
-    head: u64,
+    /// Arrival numbers.
+    next_seq: u64,
+    /// Who waits, in arrival order.
+    waiters: Vec<Waiter>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    seq: u64,
+    level: u8,
+    arrived: Instant,
+    deadline: Option<Instant>,
 }
 
 /// A snapshot of a queue's counters.
@@ -56,23 +200,42 @@ pub struct QueueStats {
     pub waiting: usize,
     /// Runs completed.
     pub completed: u64,
+    /// Requests refused because the queue was full.
+    pub overloaded: u64,
+    /// Requests that waited their whole timeout.
+    pub timed_out: u64,
 }
 
 impl ModelQueue {
-    /// A queue admitting `concurrency` (≥ 1, at most 2^31) runs at once.
+    /// A queue admitting `concurrency` (≥ 1, at most 2^31) runs at once,
+    /// waiters in arrival order (the default policy).
     pub fn new(concurrency: usize) -> ModelQueue {
+        ModelQueue::with_policy(concurrency, QueuePolicy::default())
+    }
+
+    /// A queue admitting `concurrency` runs at once, ordered and bounded by
+    /// `policy` (checked by the caller: [`QueuePolicy::validate`]).
+    pub fn with_policy(concurrency: usize, policy: QueuePolicy) -> ModelQueue {
         ModelQueue {
             word: AtomicU64::new(0),
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
             concurrency: concurrency.clamp(1, 1 << 31),
+            policy,
             completed: AtomicU64::new(0),
+            overloaded: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
         }
     }
 
     /// How many runs it admits at once.
     pub fn concurrency(&self) -> usize {
         self.concurrency
+    }
+
+    /// Its policy.
+    pub fn policy(&self) -> &QueuePolicy {
+        &self.policy
     }
 
     /// Whether a request arriving now would run without waiting: a run is
@@ -82,16 +245,30 @@ impl ModelQueue {
         self.word.load(Ordering::Relaxed) < self.concurrency as u64
     }
 
-    /// Waits for this request's turn, runs `f` on the calling thread, and
-    /// stamps `Queued`, `ComputeStart` and `ComputeEnd` on `timeline`. A
-    /// request admitted at once (one compare-and-swap) gets its `Queued`
-    /// time as `ComputeStart` too, rather than a second clock read
-    /// (~30 ns) for a wait of a few ns.
-    pub fn run<R>(&self, timeline: &mut Timeline, f: impl FnOnce() -> R) -> R {
+    /// Waits for this request's turn (as `ask` and the policy say), runs
+    /// `f` on the calling thread, and stamps `Queued`, `ComputeStart` and
+    /// `ComputeEnd` on `timeline`. A request admitted at once (one
+    /// compare-and-swap) gets its `Queued` time as `ComputeStart` too,
+    /// rather than a second clock read (~30 ns) for a wait of a few ns.
+    /// A request refused (full queue, timeout, unknown priority) never runs
+    /// `f`.
+    pub fn run<R>(
+        &self,
+        ask: Ask,
+        timeline: &mut Timeline,
+        f: impl FnOnce() -> R,
+    ) -> Result<R, Refused> {
+        let levels = self.policy.priority_levels;
+        if ask.priority > levels {
+            return Err(Refused::BadPriority {
+                asked: ask.priority,
+                levels,
+            });
+        }
         timeline.stamp(Stage::Queued);
         let waited = !self.try_admit_at_once();
         if waited {
-            self.admit_in_turn();
+            self.admit_in_turn(ask)?;
         }
         // Released on every exit, including a panic inside `f`.
         let _slot = Slot(self);
@@ -102,7 +279,7 @@ impl ModelQueue {
         }
         let r = f();
         timeline.stamp(Stage::ComputeEnd);
-        r
+        Ok(r)
     }
 
     /// Admits the caller if a run is free and nobody waits.
@@ -115,18 +292,51 @@ impl ModelQueue {
                 .is_ok()
     }
 
-    /// The ticket line: waits until this ticket is the first and a run is
-    /// free, then takes the run.
-    fn admit_in_turn(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+    /// Waits in line until this request is the policy's best waiter and a
+    /// run is free, then takes the run; or leaves the line refused.
+    fn admit_in_turn(&self, ask: Ask) -> Result<(), Refused> {
+        let p = &self.policy;
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if p.max_queue != 0 && s.waiters.len() >= p.max_queue {
+            self.overloaded.fetch_add(1, Ordering::Relaxed);
+            return Err(Refused::Overloaded {
+                max_queue: p.max_queue,
+            });
+        }
         // From here the fast path is closed (the waiting count is not 0).
         self.word.fetch_add(WAITING_ONE, Ordering::Relaxed);
-        let ticket = s.next;
-        s.next += 1;
+        let arrived = Instant::now();
+        let me = Waiter {
+            seq: s.next_seq,
+            level: if ask.priority == 0 {
+                p.default_priority
+            } else {
+                ask.priority
+            },
+            arrived,
+            deadline: ask
+                .timeout
+                .filter(|_| p.timeout_override)
+                .or(p.default_timeout)
+                .and_then(|t| arrived.checked_add(t)),
+        };
+        s.next_seq += 1;
+        s.waiters.push(me);
         loop {
-            if s.head == ticket {
-                // A run ending does not take the lock to decrement, so
-                // take a free run by compare-and-swap, as the fast path does.
+            let now = Instant::now();
+            if me.deadline.is_some_and(|d| now >= d) {
+                s.waiters.retain(|w| w.seq != me.seq);
+                self.word.fetch_sub(WAITING_ONE, Ordering::Relaxed);
+                self.timed_out.fetch_add(1, Ordering::Relaxed);
+                // The best waiter may be another one now.
+                self.cv.notify_all();
+                return Err(Refused::Timeout {
+                    waited: now - arrived,
+                });
+            }
+            if self.best(&s.waiters, now) == Some(me.seq) {
+                // A run ending does not take the lock to decrement, so take
+                // a free run by compare-and-swap, as the fast path does.
                 let w = self.word.load(Ordering::Relaxed);
                 if (w & RUNNING_MASK) < self.concurrency as u64
                     && self
@@ -146,15 +356,41 @@ impl ModelQueue {
                 }
             }
             // Woken by a run ending (it locks before notifying, so the wake
-            // cannot fall between the check above and this wait) or by the
-            // ticket ahead being admitted.
-            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+            // cannot fall between the check above and this wait), by a
+            // waiter admitted or leaving, or by this request's deadline.
+            s = match me.deadline {
+                None => self.cv.wait(s).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(now);
+                    self.cv
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
         }
-        s.head += 1;
-        // The next ticket may be admissible too (concurrency > 1).
-        if self.word.load(Ordering::Relaxed) >= WAITING_ONE {
+        s.waiters.retain(|w| w.seq != me.seq);
+        // The next waiter may be admissible too (concurrency > 1).
+        if !s.waiters.is_empty() {
             self.cv.notify_all();
         }
+        Ok(())
+    }
+
+    /// The waiter to admit next at `now`: the lowest effective level (its
+    /// level minus one per `aging` waited), the earliest among equals;
+    /// waiters past their deadline are leaving and not chosen.
+    fn best(&self, waiters: &[Waiter], now: Instant) -> Option<u64> {
+        let aging = self.policy.aging.as_nanos().max(1);
+        waiters
+            .iter()
+            .filter(|w| w.deadline.is_none_or(|d| now < d))
+            .min_by_key(|w| {
+                let aged = now.saturating_duration_since(w.arrived).as_nanos() / aging;
+                let level = i128::from(w.level) - i128::try_from(aged).unwrap_or(i128::MAX);
+                (level, w.seq)
+            })
+            .map(|w| w.seq)
     }
 
     /// Current counters.
@@ -164,6 +400,8 @@ impl ModelQueue {
             running: (w & RUNNING_MASK) as usize,
             waiting: (w >> 32) as usize,
             completed: self.completed.load(Ordering::Relaxed),
+            overloaded: self.overloaded.load(Ordering::Relaxed),
+            timed_out: self.timed_out.load(Ordering::Relaxed),
         }
     }
 }
@@ -188,13 +426,13 @@ impl Drop for Slot<'_> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn stamps_in_order() {
         let q = ModelQueue::new(1);
         let mut tl = Timeline::default();
-        let v = q.run(&mut tl, || 5);
+        let v = q.run(Ask::default(), &mut tl, || 5).unwrap();
         assert_eq!(v, 5);
         assert!(tl.get(Stage::Queued) <= tl.get(Stage::ComputeStart));
         assert!(tl.get(Stage::ComputeStart) <= tl.get(Stage::ComputeEnd));
@@ -215,12 +453,13 @@ mod tests {
                     let (q, now, peak) = (q.clone(), now.clone(), peak.clone());
                     std::thread::spawn(move || {
                         for _ in 0..50 {
-                            q.run(&mut Timeline::default(), || {
+                            q.run(Ask::default(), &mut Timeline::default(), || {
                                 let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                                 peak.fetch_max(n, Ordering::SeqCst);
                                 std::thread::yield_now();
                                 now.fetch_sub(1, Ordering::SeqCst);
-                            });
+                            })
+                            .unwrap();
                         }
                     })
                 })
@@ -243,7 +482,10 @@ mod tests {
         let holder = {
             let q = q.clone();
             std::thread::spawn(move || {
-                q.run(&mut Timeline::default(), || hold_rx.recv().unwrap());
+                q.run(Ask::default(), &mut Timeline::default(), || {
+                    hold_rx.recv().unwrap()
+                })
+                .unwrap();
             })
         };
         let wait_for = |cond: &dyn Fn(QueueStats) -> bool| {
@@ -258,7 +500,10 @@ mod tests {
         for i in 0..4 {
             let (q, order) = (q.clone(), order.clone());
             waiters.push(std::thread::spawn(move || {
-                q.run(&mut Timeline::default(), || order.lock().unwrap().push(i));
+                q.run(Ask::default(), &mut Timeline::default(), || {
+                    order.lock().unwrap().push(i)
+                })
+                .unwrap();
             }));
             // Each takes its ticket before the next arrives.
             wait_for(&|s| s.waiting == i + 1);
@@ -276,7 +521,8 @@ mod tests {
             QueueStats {
                 running: 0,
                 waiting: 0,
-                completed: 5
+                completed: 5,
+                ..QueueStats::default()
             }
         );
         // Nobody waits: the fast path is open again.
@@ -287,9 +533,195 @@ mod tests {
     fn panic_releases_slot() {
         let q = ModelQueue::new(1);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            q.run(&mut Timeline::default(), || panic!("boom"))
+            q.run(Ask::default(), &mut Timeline::default(), || panic!("boom"))
         }));
         assert!(r.is_err());
-        assert_eq!(q.run(&mut Timeline::default(), || 1), 1);
+        assert_eq!(q.run(Ask::default(), &mut Timeline::default(), || 1), Ok(1));
+    }
+
+    /// A queue whose one run is held until the returned sender sends (or
+    /// is dropped), and a way to wait for its counters.
+    fn held(
+        policy: QueuePolicy,
+    ) -> (
+        Arc<ModelQueue>,
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let q = Arc::new(ModelQueue::with_policy(1, policy));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                q.run(Ask::default(), &mut Timeline::default(), || {
+                    let _ = rx.recv();
+                })
+                .unwrap();
+            })
+        };
+        wait_stats(&q, |s| s.running == 1);
+        (q, tx, holder)
+    }
+
+    fn wait_stats(q: &ModelQueue, cond: impl Fn(QueueStats) -> bool) {
+        let t0 = Instant::now();
+        while !cond(q.stats()) {
+            assert!(t0.elapsed().as_secs() < 10, "queue stuck: {:?}", q.stats());
+            std::thread::yield_now();
+        }
+    }
+
+    /// Starts a waiter asking `ask` that records `tag` when it runs, and
+    /// waits until it is in line.
+    fn waiter(
+        q: &Arc<ModelQueue>,
+        ask: Ask,
+        tag: &'static str,
+        order: &Arc<Mutex<Vec<&'static str>>>,
+    ) -> std::thread::JoinHandle<Result<(), Refused>> {
+        let before = q.stats().waiting;
+        let (q2, order) = (q.clone(), order.clone());
+        let h = std::thread::spawn(move || {
+            q2.run(ask, &mut Timeline::default(), || {
+                order.lock().unwrap().push(tag)
+            })
+        });
+        wait_stats(q, |s| s.waiting == before + 1);
+        h
+    }
+
+    fn at(priority: u8) -> Ask {
+        Ask {
+            priority,
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn higher_priority_goes_first_then_arrival_order() {
+        let policy = QueuePolicy {
+            priority_levels: 3,
+            default_priority: 2,
+            ..QueuePolicy::default()
+        };
+        let (q, tx, holder) = held(policy);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let ws = [
+            waiter(&q, at(3), "low", &order),
+            waiter(&q, at(0), "default-a", &order),
+            waiter(&q, at(1), "high", &order),
+            waiter(&q, at(2), "default-b", &order),
+        ];
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["high", "default-a", "default-b", "low"]
+        );
+    }
+
+    #[test]
+    fn a_low_priority_request_ages_past_newcomers() {
+        // Two levels, aging 30 ms: a low request that waited longer than
+        // that counts as high, and came first.
+        let policy = QueuePolicy {
+            priority_levels: 2,
+            default_priority: 2,
+            aging: Duration::from_millis(30),
+            ..QueuePolicy::default()
+        };
+        let (q, tx, holder) = held(policy);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let low = waiter(&q, at(2), "low", &order);
+        std::thread::sleep(Duration::from_millis(80));
+        let high = waiter(&q, at(1), "high", &order);
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        low.join().unwrap().unwrap();
+        high.join().unwrap().unwrap();
+        assert_eq!(*order.lock().unwrap(), ["low", "high"]);
+    }
+
+    #[test]
+    fn a_request_whose_timeout_passes_in_line_is_never_run() {
+        let (q, tx, holder) = held(QueuePolicy {
+            default_timeout: Some(Duration::from_millis(20)),
+            ..QueuePolicy::default()
+        });
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let own = waiter(
+            &q,
+            Ask {
+                priority: 0,
+                timeout: Some(Duration::from_millis(10)),
+            },
+            "own timeout",
+            &order,
+        );
+        let default = waiter(&q, Ask::default(), "policy timeout", &order);
+        for w in [own, default] {
+            match w.join().unwrap() {
+                Err(Refused::Timeout { waited }) => assert!(waited >= Duration::from_millis(10)),
+                other => panic!("expected a timeout, got {other:?}"),
+            }
+        }
+        assert_eq!(q.stats().timed_out, 2);
+        assert_eq!(q.stats().waiting, 0);
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(order.lock().unwrap().is_empty(), "nothing timed out ran");
+        // The fast path is open again.
+        assert_eq!(q.run(Ask::default(), &mut Timeline::default(), || 3), Ok(3));
+    }
+
+    #[test]
+    fn a_full_queue_refuses_at_once_and_a_bad_priority_is_refused() {
+        let (q, tx, holder) = held(QueuePolicy {
+            max_queue: 2,
+            ..QueuePolicy::default()
+        });
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let a = waiter(&q, Ask::default(), "a", &order);
+        let b = waiter(&q, Ask::default(), "b", &order);
+        let r = q.run(Ask::default(), &mut Timeline::default(), || ());
+        assert_eq!(r, Err(Refused::Overloaded { max_queue: 2 }));
+        assert_eq!(q.stats().overloaded, 1);
+        assert_eq!(
+            q.run(at(2), &mut Timeline::default(), || ()),
+            Err(Refused::BadPriority {
+                asked: 2,
+                levels: 1
+            })
+        );
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        a.join().unwrap().unwrap();
+        b.join().unwrap().unwrap();
+        assert_eq!(*order.lock().unwrap(), ["a", "b"]);
+    }
+
+    #[test]
+    fn policies_are_checked() {
+        assert!(QueuePolicy::default().validate().is_ok());
+        let bad = |p: QueuePolicy| p.validate().unwrap_err();
+        assert!(bad(QueuePolicy {
+            priority_levels: 0,
+            ..QueuePolicy::default()
+        })
+        .contains("priority_levels"));
+        assert!(bad(QueuePolicy {
+            default_priority: 3,
+            priority_levels: 2,
+            ..QueuePolicy::default()
+        })
+        .contains("default_priority"));
+        assert!(bad(QueuePolicy {
+            aging: Duration::ZERO,
+            ..QueuePolicy::default()
+        })
+        .contains("aging"));
     }
 }

@@ -14,7 +14,7 @@
 //! dropped (its engine sessions freed) when the last one answers.
 
 use crate::config::{AgentConfig, ModelConfig};
-use crate::queue::ModelQueue;
+use crate::queue::{ModelQueue, QueuePolicy};
 use crate::stats::ModelStats;
 use arc_swap::ArcSwap;
 use engine::{Backend, EngineError, IdentityBackend, OrtBackend, OrtOptions};
@@ -68,6 +68,8 @@ pub struct NewModel {
     pub version: u64,
     /// See [`ModelEntry::outputs_in_place`].
     pub outputs_in_place: bool,
+    /// How its queue orders and bounds waiting requests.
+    pub policy: QueuePolicy,
 }
 
 /// One published state of the registry.
@@ -111,10 +113,16 @@ impl ModelRegistry {
     /// Loads every model of `cfg` (plus `identity`). Fails on the first model
     /// that cannot be loaded, naming it.
     pub fn load(cfg: &AgentConfig) -> Result<ModelRegistry, EngineError> {
-        let mut r = ModelRegistry::with_identity();
+        let r = ModelRegistry::with_identity();
         for m in &cfg.models {
             let backend = load_onnx(m, cfg)?;
-            r.add_in_place(backend, m.concurrency);
+            r.install(NewModel {
+                backend,
+                concurrency: m.concurrency,
+                version: 1,
+                outputs_in_place: true,
+                policy: m.queue_policy(),
+            });
         }
         Ok(r)
     }
@@ -128,6 +136,7 @@ impl ModelRegistry {
             concurrency,
             version: 1,
             outputs_in_place: false,
+            policy: QueuePolicy::default(),
         })
     }
 
@@ -139,6 +148,7 @@ impl ModelRegistry {
             concurrency,
             version: 1,
             outputs_in_place: true,
+            policy: QueuePolicy::default(),
         })
     }
 
@@ -156,7 +166,7 @@ impl ModelRegistry {
             t.by_id.push(Some(Arc::new(ModelEntry {
                 id,
                 version: m.version,
-                queue: ModelQueue::new(m.concurrency),
+                queue: ModelQueue::with_policy(m.concurrency, m.policy),
                 backend: m.backend,
                 outputs_in_place: m.outputs_in_place,
                 stats: ModelStats::default(),
@@ -233,6 +243,7 @@ mod tests {
             concurrency: 1,
             version: 3,
             outputs_in_place: false,
+            policy: QueuePolicy::default(),
         }
     }
 

@@ -270,11 +270,7 @@ fn onnx_outputs_land_in_the_agent_region_until_released() {
 
     // 4 KiB of output area: 21 responses of 160 bytes (192 aligned) fit.
     let (agent, name) = start(|cfg| {
-        cfg.models.push(ModelConfig {
-            name: "digits".into(),
-            path: model.clone(),
-            concurrency: 1,
-        });
+        cfg.models.push(ModelConfig::new("digits", model.clone()));
         cfg.shm_agent_bytes = 4096;
     });
     let mut c = Raw::connect(&name).unwrap();

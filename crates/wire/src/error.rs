@@ -31,6 +31,12 @@ pub enum Status {
     TooManyInFlight = 10,
     /// An internal error in the agent (a bug: please report it).
     Internal = 11,
+    /// The request's queue budget (its `timeout_us`, or the model's
+    /// default) ran out before it was admitted: it was never computed.
+    Timeout = 12,
+    /// The model's queue is full (`max_queue` requests wait already): the
+    /// request was refused at once, never queued.
+    Overloaded = 13,
 }
 
 impl Status {
@@ -50,6 +56,8 @@ impl Status {
             ShuttingDown,
             TooManyInFlight,
             Internal,
+            Timeout,
+            Overloaded,
         ]
         .get(code as usize)
         .copied()
@@ -75,6 +83,8 @@ impl Status {
             Status::ShuttingDown => "shutting-down",
             Status::TooManyInFlight => "too-many-in-flight",
             Status::Internal => "internal",
+            Status::Timeout => "timeout",
+            Status::Overloaded => "overloaded",
         }
     }
 }
@@ -167,9 +177,9 @@ mod tests {
 
     #[test]
     fn status_codes_round_trip() {
-        for c in 0..12 {
+        for c in 0..14 {
             assert_eq!(Status::from_code(c).unwrap().code(), c);
         }
-        assert!(Status::from_code(12).is_none());
+        assert!(Status::from_code(14).is_none());
     }
 }

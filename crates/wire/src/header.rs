@@ -13,7 +13,9 @@
 //! 24      4   desc_len      bytes in the descriptor section
 //! 28      4   status        0, except in Error messages (never 0 there)
 //! 32      8   payload_len   bytes in the payload
-//! 40     24   reserved      zero
+//! 40      4   timeout_us    Request: queue budget in µs (0 = the model's)
+//! 44      1   priority      Request: level, 1 = highest (0 = the model's)
+//! 45     19   reserved      zero
 //! ```
 
 use crate::error::{need, Status, WireError};
@@ -105,6 +107,13 @@ pub struct Header {
     pub status: Status,
     /// Length of the payload in bytes.
     pub payload_len: u64,
+    /// Request only: how long the request may wait in the model's queue,
+    /// in µs from when it enters that queue; past it the request is
+    /// answered `timeout` and never computed. 0: the model's default.
+    pub timeout_us: u32,
+    /// Request only: its priority level, 1 the highest; 0: the model's
+    /// default level.
+    pub priority: u8,
 }
 
 impl Header {
@@ -119,6 +128,8 @@ impl Header {
             desc_len: 0,
             status: Status::Ok,
             payload_len: 0,
+            timeout_us: 0,
+            priority: 0,
         }
     }
 
@@ -135,6 +146,8 @@ impl Header {
         b[24..28].copy_from_slice(&self.desc_len.to_le_bytes());
         b[28..32].copy_from_slice(&self.status.code().to_le_bytes());
         b[32..40].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[40..44].copy_from_slice(&self.timeout_us.to_le_bytes());
+        b[44] = self.priority;
         b
     }
 
@@ -172,8 +185,9 @@ impl Header {
             a.copy_from_slice(&bytes[o..o + 8]);
             u64::from_le_bytes(a)
         };
-        // Three words, not 24 bytes one at a time: every message pays this.
-        if u64_at(40) | u64_at(48) | u64_at(56) != 0 {
+        // Two words and a mask, not 19 bytes one at a time: every message
+        // pays this. Bytes 40..45 are the request's scheduling fields.
+        if (u64_at(40) & !0xff_ffff_ffff) | u64_at(48) | u64_at(56) != 0 {
             return Err(WireError::ReservedNotZero);
         }
         let status_code = u32_at(28);
@@ -187,12 +201,17 @@ impl Header {
             desc_len: u32_at(24),
             status,
             payload_len: u64_at(32),
+            timeout_us: u32_at(40),
+            priority: bytes[44],
         };
         if !kind.carries_tensors() && (h.tensor_count != 0 || h.payload_len != 0) {
             return Err(bad_header(BadHeader::Tensors(&h)));
         }
         if (kind == Kind::Error) == (status == Status::Ok) {
             return Err(bad_header(BadHeader::Status(kind, status)));
+        }
+        if kind != Kind::Request && (h.timeout_us != 0 || h.priority != 0) {
+            return Err(bad_header(BadHeader::Scheduling(&h)));
         }
         Ok(h)
     }
@@ -229,6 +248,8 @@ enum BadHeader<'a> {
     Tensors(&'a Header),
     /// A status on a kind that is not Error, or an Error with status ok.
     Status(Kind, Status),
+    /// A timeout or priority on a kind that is not Request.
+    Scheduling(&'a Header),
 }
 
 #[cold]
@@ -249,6 +270,10 @@ fn bad_header(bad: BadHeader<'_>) -> WireError {
         BadHeader::Status(kind, status) => {
             WireError::malformed(format!("{kind:?} with non-zero status {status}"))
         }
+        BadHeader::Scheduling(h) => WireError::malformed(format!(
+            "{:?} with a timeout ({} µs) or priority ({}): only requests carry them",
+            h.kind, h.timeout_us, h.priority
+        )),
     }
 }
 
@@ -266,6 +291,8 @@ mod tests {
             desc_len: 80,
             status: Status::Ok,
             payload_len: 4160,
+            timeout_us: 2500,
+            priority: 2,
         }
     }
 
@@ -300,6 +327,33 @@ mod tests {
         let mut b = good;
         b[28] = 99;
         assert_eq!(Header::decode(&b), Err(WireError::UnknownStatus(99)));
+    }
+
+    #[test]
+    fn only_requests_carry_a_timeout_and_priority() {
+        // Every reserved byte after the scheduling fields is checked.
+        for i in 45..64 {
+            let mut b = sample().encode();
+            b[i] = 1;
+            assert_eq!(
+                Header::decode(&b),
+                Err(WireError::ReservedNotZero),
+                "byte {i}"
+            );
+        }
+        let mut h = sample();
+        h.kind = Kind::Response;
+        h.flags = flags::HAS_TIMELINE;
+        let e = Header::decode(&h.encode()).expect_err("a response with a priority");
+        assert!(e.to_string().contains("only requests"), "{e}");
+        h.timeout_us = 0;
+        h.priority = 0;
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
+        let mut b = sample().encode();
+        b[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+        b[44] = 255;
+        let d = Header::decode(&b).expect("any value of the fields");
+        assert_eq!((d.timeout_us, d.priority), (u32::MAX, 255));
     }
 
     #[test]

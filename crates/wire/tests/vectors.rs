@@ -21,7 +21,7 @@ use wire::{
 };
 
 /// Every vector the document must contain, in document order.
-const EXPECTED: [&str; 13] = [
+const EXPECTED: [&str; 14] = [
     "hello",
     "hello-ack",
     "model-query-identity",
@@ -31,6 +31,7 @@ const EXPECTED: [&str; 13] = [
     "model-list",
     "request-two-tensors",
     "response-with-timeline",
+    "request-priority",
     "error-unknown-model",
     "error-fatal",
     "ping",
@@ -337,6 +338,31 @@ fn expected(name: &str) -> Message {
                 payload,
             )
         }
+        "request-priority" => {
+            let x: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let section = TensorSection {
+                tensors: vec![TensorDesc {
+                    dtype: DType::F32,
+                    shape: vec![1, 4],
+                    offset: 0,
+                    len: x.len() as u64,
+                }],
+                timeline: None,
+            };
+            message(
+                Header {
+                    model_id: 2,
+                    timeout_us: 2500,
+                    priority: 2,
+                    ..header(Kind::Request, 8)
+                },
+                Body::Tensors(section),
+                x,
+            )
+        }
         "error-unknown-model" => message(
             Header {
                 status: Status::UnknownModel,
@@ -423,6 +449,20 @@ fn vectors_follow_the_session_rules() {
     );
     // The padding between the two tensors is zero.
     assert!(req.payload[24..64].iter().all(|&x| x == 0));
+    // The scheduling fields are where §3.1 puts them, and only requests
+    // carry them: the same header on a Response is malformed.
+    let prio = &v["request-priority"];
+    assert_eq!(prio[40..44], 2500u32.to_le_bytes());
+    assert_eq!(prio[44], 2);
+    assert!(prio[45..64].iter().all(|&x| x == 0));
+    let m = decode(prio);
+    assert_eq!((m.header.timeout_us, m.header.priority), (2500, 2));
+    let mut as_response = prio.clone();
+    as_response[6] = Kind::Response as u8;
+    assert!(matches!(
+        Header::decode(&as_response),
+        Err(wire::WireError::Malformed(_))
+    ));
     // A fatal error carries request id 0.
     assert_eq!(decode(&v["error-fatal"]).header.request_id, 0);
     assert_eq!(

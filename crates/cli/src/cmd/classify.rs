@@ -194,11 +194,7 @@ fn run_single(
             if transport::inproc::lookup(&name).is_none() {
                 let cfg = AgentConfig {
                     listen: vec![Endpoint::Inproc(name)],
-                    models: vec![ModelConfig {
-                        name: a.model_name.clone(),
-                        path: model.to_path_buf(),
-                        concurrency: 1,
-                    }],
+                    models: vec![ModelConfig::new(a.model_name.clone(), model.to_path_buf())],
                     intra_threads: intra,
                     ..AgentConfig::default()
                 };

@@ -1,12 +1,19 @@
 //! `tensorwire infer`: run a model once on tensors read from .npy files and
 //! print (and optionally save) its outputs.
+//!
+//! `--priority` and `--queue-timeout-ms` go into the request's header
+//! (`Model::with_priority`, `Model::with_queue_timeout`): how the agent's
+//! queue for the model treats it (`docs/PROTOCOL.md` §12.3). A refusal by
+//! the queue (a level the model does not have, a full queue, a timeout
+//! spent waiting) fails the command with the agent's message, like any
+//! other error.
 
 use super::{connect, parse_models, CmdError, DEFAULT_CONNECT};
 use client::{ClientOptions, Stage, TensorRef};
 use npy::{read_npy, write_npy, NpyArray};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use wire::DType;
 
 /// Arguments of `infer`.
@@ -30,7 +37,26 @@ pub struct Args {
     /// Print the agent's per-stage timeline.
     #[arg(long)]
     timeline: bool,
+    /// The request's priority level: 1 is the highest, up to the model's
+    /// `priority_levels`; 0 = the model's default level. A level the model
+    /// does not have is refused (invalid input).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    priority: u8,
+    /// The longest the request may wait in the agent's queue for the model,
+    /// in ms; past it the agent answers `timeout` without computing it.
+    /// 0 = the model's default (`queue_timeout_ms` in its config).
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u64).range(0..=MAX_QUEUE_TIMEOUT_MS)
+    )]
+    queue_timeout_ms: u64,
 }
+
+/// The longest queue timeout a request header holds (`u32::MAX` µs, ~71 min),
+/// in whole ms.
+const MAX_QUEUE_TIMEOUT_MS: u64 = u32::MAX as u64 / 1000;
 
 /// Runs `infer`.
 pub fn run(a: Args) -> Result<(), CmdError> {
@@ -44,12 +70,22 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         }
         given.push((name.to_string(), read_npy(path.as_ref())?));
     }
+    let queue_timeout = Duration::from_millis(a.queue_timeout_ms);
+    let defaults = ClientOptions::default();
     let opts = ClientOptions {
         want_timeline: a.timeline,
-        ..ClientOptions::default()
+        // Wait for the agent's answer past the queue timeout asked for, so
+        // that a request timing out in the queue is reported as such, not
+        // as the client giving up.
+        timeout: defaults.timeout + queue_timeout,
+        ..defaults
     };
     let c = connect(&a.connect, &parse_models(&a.load)?, opts)?;
-    let model = c.client.model(&a.model)?;
+    let model = c
+        .client
+        .model(&a.model)?
+        .with_priority(a.priority)
+        .with_queue_timeout(queue_timeout);
     let sig = model.signature().clone();
     // Put inputs in the model's order; the identity model takes them as given.
     let ordered: Vec<&NpyArray> = if sig.inputs.is_empty() {
