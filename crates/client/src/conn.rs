@@ -513,12 +513,15 @@ impl Model {
 
     /// This handle with its requests waiting at most `timeout` in the
     /// agent's queue for the model: past it a request is answered
-    /// [`ClientError::QueueTimeout`] and never computed. Zero: the model's
-    /// default. Whole µs, at most `u32::MAX` µs (~71 min; longer is cut to
-    /// that). The client's own wait ([`ClientOptions::timeout`]) is
+    /// [`ClientError::QueueTimeout`] and never computed; the model's own
+    /// default timeout, when it has one, caps it. Zero: the model's default.
+    /// Whole µs, rounded up, at most `u32::MAX` µs (~71 min; longer is cut
+    /// to that). The client's own wait ([`ClientOptions::timeout`]) is
     /// separate and should be longer.
     pub fn with_queue_timeout(mut self, timeout: Duration) -> Model {
-        self.timeout_us = u32::try_from(timeout.as_micros()).unwrap_or(u32::MAX);
+        // A part of a µs counts as a whole one: it is not 0 (the default).
+        let us = timeout.as_nanos().div_ceil(1000);
+        self.timeout_us = u32::try_from(us).unwrap_or(u32::MAX);
         self
     }
 

@@ -12,7 +12,7 @@
 //! each inference into a tensorwire request (header + descriptor
 //! section over the request's own tensor bytes) and runs it through
 //! `AgentCore::prepare` and `AgentCore::execute`, so it meets the same
-//! registry, limits, payload budget, per-model FIFO queue, counters and
+//! registry, limits, payload budget, per-model queue, counters and
 //! shutdown as a request that came over `unix://` or `shm://`.
 //!
 //! Both also serve Triton's system shared-memory extension (`sysshm`):

@@ -349,7 +349,12 @@ pub fn queue_policy(c: &ModelConfig) -> Result<QueuePolicy, String> {
     }
     p.default_priority = match d.default_priority_level {
         0 => p.priority_levels,
-        n => u8::try_from(n).unwrap_or(0),
+        n => u8::try_from(n).map_err(|_| {
+            format!(
+                "default_priority_level is {n}, must be 1..={} (the priority levels)",
+                p.priority_levels
+            )
+        })?,
     };
     if let Some(q) = &d.default_queue_policy {
         if q.timeout_action() != TimeoutAction::Reject {

@@ -5,7 +5,7 @@
 //! `ModelInfer` checks the request from the wire (`inputs`), builds the
 //! same header and descriptor section a native client would send, and runs
 //! it through `AgentCore::prepare` (shutdown, model, limits, signature,
-//! payload budget) and `AgentCore::execute` (the model's FIFO queue, the
+//! payload budget) and `AgentCore::execute` (the model's queue, the
 //! engine, output checks, counters) on a blocking-pool thread, with the
 //! tensors read where tonic decoded them. Outputs go back as
 //! `raw_output_contents`; an output that is an unchanged input (identity)
@@ -646,7 +646,12 @@ pub(crate) fn infer_over_core(
     let mut h = Header::new(Kind::Request);
     h.request_id = shared.next_id.fetch_add(1, Ordering::Relaxed) + 1;
     h.model_id = model.id;
-    h.priority = sched.priority;
+    // As Triton: a level the model does not have means its default level.
+    h.priority = if sched.priority > model.queue.policy().priority_levels {
+        0
+    } else {
+        sched.priority
+    };
     h.timeout_us = sched.timeout_us;
     h.tensor_count =
         u32::try_from(descs.len()).map_err(|_| Status::invalid_argument("too many inputs"))?;
@@ -1034,9 +1039,10 @@ fn error_status(reply: &Reply) -> Status {
 }
 
 /// What a KServe request asks of the model's queue: Triton's request
-/// parameters `priority` (1 = the highest level; 0 or absent: the model's
-/// default) and `timeout` (µs it may wait in the queue; 0 or absent: the
-/// model's default), carried to the core in the native header.
+/// parameters `priority` (1 = the highest level; 0, absent, or a level the
+/// model does not have: the model's default, as Triton does) and `timeout`
+/// (µs it may wait in the queue; 0 or absent: the model's default),
+/// carried to the core in the native header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Scheduling {
     pub(crate) priority: u8,

@@ -6,7 +6,7 @@
 //! request is validated against the session's limits and the model's
 //! signature before its payload is read, is stamped on a
 //! [`wire::Timeline`] as it moves, and reaches its engine through the
-//! model's [`queue`]: a FIFO admission queue whose holder runs the model on
+//! model's [`queue`]: an admission queue (priorities, timeouts, a limit) whose holder runs the model on
 //! its own thread, so an uncontended request never changes threads (a
 //! cross-core wake-up costs ~5 µs here — more than a Unix-socket round trip).
 //! The same [`dispatch`] code serves socket sessions, shared-memory sessions

@@ -7,15 +7,19 @@
 //! than the whole socket round trip. When the model is busy, requests wait
 //! here, and the time they wait is the timeline's queue stage.
 //!
-//! Who goes next is decided by the [`QueuePolicy`]: the waiter with the
-//! best *effective level* — its priority level (1 = highest) minus one for
-//! every `aging` it has waited — and, between equals, the one that came
-//! first. So higher priority is served first, and no request starves: a
-//! request of level `p` is ahead of every request that arrives more than
-//! `(p - 1) × aging` after it. A request may wait at most its timeout (its
-//! own, or the policy's default); then it leaves the queue answered
-//! [`Refused::Timeout`], never computed. With `max_queue` requests already
-//! waiting, one more is refused at once ([`Refused::Overloaded`]).
+//! Who goes next is decided by the [`QueuePolicy`]: each waiter's *turn*
+//! is its arrival time plus `(level - 1) × aging` (level 1 is the highest),
+//! and the waiter with the earliest turn goes first (between equal turns,
+//! the one that came first). So a higher level is served first, and no
+//! request starves: a request of level `p` is ahead of every request that
+//! arrives more than `(p - 1) × aging` after it. The turn is fixed when the
+//! request arrives, so the order of two waiters never changes while they
+//! wait (an order that moved with the clock could leave two waiters each
+//! deferring to the other with the model free). A request may wait at most
+//! its timeout (its own, capped by the policy's default when there is one);
+//! then it leaves the queue answered [`Refused::Timeout`], never computed.
+//! With `max_queue` requests already waiting, one more is refused at once
+//! ([`Refused::Overloaded`]).
 //!
 //! Dynamic batching fits the same shape: the admitted holder may take the
 //! requests queued behind it along into one run.
@@ -42,14 +46,15 @@ pub struct QueuePolicy {
     pub priority_levels: u8,
     /// The level of a request that names none (priority 0).
     pub default_priority: u8,
-    /// A waiting request counts one level higher for every `aging` it has
-    /// waited (the starvation bound; see the module doc).
+    /// What one level is worth in waiting time (the starvation bound; see
+    /// the module doc). At most a day.
     pub aging: Duration,
     /// How long a request that names no timeout may wait; `None`: as long
     /// as it takes.
     pub default_timeout: Option<Duration>,
-    /// Whether a request's own timeout replaces `default_timeout` (else
-    /// requests' timeouts are ignored).
+    /// Whether a request may name its own timeout (capped by
+    /// `default_timeout` when there is one); else requests' timeouts are
+    /// ignored.
     pub timeout_override: bool,
 }
 
@@ -80,8 +85,11 @@ impl QueuePolicy {
                 self.priority_levels, self.default_priority
             ));
         }
-        if self.aging.is_zero() {
-            return Err("priority aging must be longer than 0".into());
+        if self.aging.is_zero() || self.aging > Duration::from_secs(86_400) {
+            return Err(format!(
+                "priority aging must be longer than 0 and at most a day, not {:?}",
+                self.aging
+            ));
         }
         Ok(())
     }
@@ -186,8 +194,8 @@ struct State {
 #[derive(Clone, Copy, Debug)]
 struct Waiter {
     seq: u64,
-    level: u8,
-    arrived: Instant,
+    /// Arrival + (level - 1) × aging: the earliest goes first.
+    turn: Instant,
     deadline: Option<Instant>,
 }
 
@@ -306,34 +314,31 @@ impl ModelQueue {
         // From here the fast path is closed (the waiting count is not 0).
         self.word.fetch_add(WAITING_ONE, Ordering::Relaxed);
         let arrived = Instant::now();
+        let level = if ask.priority == 0 {
+            p.default_priority
+        } else {
+            ask.priority
+        };
+        // At most 254 days (levels ≤ 255, aging ≤ a day): no overflow.
+        let behind = p.aging.saturating_mul(u32::from(level.saturating_sub(1)));
+        let timeout = match (
+            ask.timeout.filter(|_| p.timeout_override),
+            p.default_timeout,
+        ) {
+            (Some(own), Some(cap)) => Some(own.min(cap)),
+            (own, default) => own.or(default),
+        };
         let me = Waiter {
             seq: s.next_seq,
-            level: if ask.priority == 0 {
-                p.default_priority
-            } else {
-                ask.priority
-            },
-            arrived,
-            deadline: ask
-                .timeout
-                .filter(|_| p.timeout_override)
-                .or(p.default_timeout)
-                .and_then(|t| arrived.checked_add(t)),
+            turn: arrived.checked_add(behind).unwrap_or(arrived),
+            deadline: timeout.and_then(|t| arrived.checked_add(t)),
         };
         s.next_seq += 1;
         s.waiters.push(me);
         loop {
             let now = Instant::now();
-            if me.deadline.is_some_and(|d| now >= d) {
-                s.waiters.retain(|w| w.seq != me.seq);
-                self.word.fetch_sub(WAITING_ONE, Ordering::Relaxed);
-                self.timed_out.fetch_add(1, Ordering::Relaxed);
-                // The best waiter may be another one now.
-                self.cv.notify_all();
-                return Err(Refused::Timeout {
-                    waited: now - arrived,
-                });
-            }
+            // Admission first: a request that is next and finds a free run
+            // is admitted even at its deadline.
             if self.best(&s.waiters, now) == Some(me.seq) {
                 // A run ending does not take the lock to decrement, so take
                 // a free run by compare-and-swap, as the fast path does.
@@ -354,6 +359,16 @@ impl ModelQueue {
                 if (self.word.load(Ordering::Relaxed) & RUNNING_MASK) < self.concurrency as u64 {
                     continue; // the word changed under us: try again
                 }
+            }
+            if me.deadline.is_some_and(|d| now >= d) {
+                s.waiters.retain(|w| w.seq != me.seq);
+                self.word.fetch_sub(WAITING_ONE, Ordering::Relaxed);
+                self.timed_out.fetch_add(1, Ordering::Relaxed);
+                // The next waiter may be another one now.
+                self.cv.notify_all();
+                return Err(Refused::Timeout {
+                    waited: now - arrived,
+                });
             }
             // Woken by a run ending (it locks before notifying, so the wake
             // cannot fall between the check above and this wait), by a
@@ -377,19 +392,15 @@ impl ModelQueue {
         Ok(())
     }
 
-    /// The waiter to admit next at `now`: the lowest effective level (its
-    /// level minus one per `aging` waited), the earliest among equals;
-    /// waiters past their deadline are leaving and not chosen.
+    /// The waiter to admit next: the earliest turn, the earliest arrival
+    /// among equal turns; waiters past their deadline at `now` are leaving
+    /// and not chosen. (A scan: the line is as long as the requests that
+    /// wait, at most `max_queue` when set.)
     fn best(&self, waiters: &[Waiter], now: Instant) -> Option<u64> {
-        let aging = self.policy.aging.as_nanos().max(1);
         waiters
             .iter()
             .filter(|w| w.deadline.is_none_or(|d| now < d))
-            .min_by_key(|w| {
-                let aged = now.saturating_duration_since(w.arrived).as_nanos() / aging;
-                let level = i128::from(w.level) - i128::try_from(aged).unwrap_or(i128::MAX);
-                (level, w.seq)
-            })
+            .min_by_key(|w| (w.turn, w.seq))
             .map(|w| w.seq)
     }
 
@@ -579,14 +590,16 @@ mod tests {
         tag: &'static str,
         order: &Arc<Mutex<Vec<&'static str>>>,
     ) -> std::thread::JoinHandle<Result<(), Refused>> {
-        let before = q.stats().waiting;
+        // Counted once in line, and still once if it has timed out since.
+        let seen = |s: QueueStats| s.waiting as u64 + s.timed_out;
+        let before = seen(q.stats());
         let (q2, order) = (q.clone(), order.clone());
         let h = std::thread::spawn(move || {
             q2.run(ask, &mut Timeline::default(), || {
                 order.lock().unwrap().push(tag)
             })
         });
-        wait_stats(q, |s| s.waiting == before + 1);
+        wait_stats(q, |s| seen(s) == before + 1);
         h
     }
 
@@ -599,9 +612,11 @@ mod tests {
 
     #[test]
     fn higher_priority_goes_first_then_arrival_order() {
+        // Aging an hour: no waiter ages during the test.
         let policy = QueuePolicy {
             priority_levels: 3,
             default_priority: 2,
+            aging: Duration::from_secs(3600),
             ..QueuePolicy::default()
         };
         let (q, tx, holder) = held(policy);
@@ -647,34 +662,76 @@ mod tests {
 
     #[test]
     fn a_request_whose_timeout_passes_in_line_is_never_run() {
+        let cap = Duration::from_millis(400);
         let (q, tx, holder) = held(QueuePolicy {
-            default_timeout: Some(Duration::from_millis(20)),
+            default_timeout: Some(cap),
             ..QueuePolicy::default()
         });
         let order = Arc::new(Mutex::new(Vec::new()));
-        let own = waiter(
-            &q,
-            Ask {
-                priority: 0,
-                timeout: Some(Duration::from_millis(10)),
-            },
-            "own timeout",
-            &order,
-        );
+        let ask = |t: u64| Ask {
+            priority: 0,
+            timeout: Some(Duration::from_millis(t)),
+        };
+        let t0 = Instant::now();
+        let own = waiter(&q, ask(200), "own timeout", &order);
         let default = waiter(&q, Ask::default(), "policy timeout", &order);
-        for w in [own, default] {
+        let capped = waiter(&q, ask(60_000), "capped by the policy", &order);
+        for (w, least) in [(own, 200), (default, 400), (capped, 400)] {
             match w.join().unwrap() {
-                Err(Refused::Timeout { waited }) => assert!(waited >= Duration::from_millis(10)),
+                Err(Refused::Timeout { waited }) => {
+                    assert!(waited >= Duration::from_millis(least), "{waited:?}")
+                }
                 other => panic!("expected a timeout, got {other:?}"),
             }
         }
-        assert_eq!(q.stats().timed_out, 2);
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the policy caps a request's own timeout"
+        );
+        assert_eq!(q.stats().timed_out, 3);
         assert_eq!(q.stats().waiting, 0);
         tx.send(()).unwrap();
         holder.join().unwrap();
         assert!(order.lock().unwrap().is_empty(), "nothing timed out ran");
         // The fast path is open again.
         assert_eq!(q.run(Ask::default(), &mut Timeline::default(), || 3), Ok(3));
+    }
+
+    #[test]
+    fn turns_are_fixed_at_arrival_so_the_order_never_flips() {
+        // Level 2 arriving at 0 has its turn at 1 aging; level 1 arriving
+        // at 0.5 agings has its turn then, and is ahead at every moment;
+        // arriving at 1.5 agings it is behind, at every moment.
+        let q = ModelQueue::with_policy(
+            1,
+            QueuePolicy {
+                priority_levels: 2,
+                default_priority: 2,
+                aging: Duration::from_millis(100),
+                ..QueuePolicy::default()
+            },
+        );
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let w = |seq, level: u32, arrived_ms| Waiter {
+            seq,
+            turn: at(arrived_ms) + Duration::from_millis(100) * (level - 1),
+            deadline: None,
+        };
+        for now_ms in [50, 120, 149, 151, 199, 250, 10_000] {
+            let now = at(now_ms);
+            assert_eq!(q.best(&[w(0, 2, 0), w(1, 1, 50)], now), Some(1), "{now_ms}");
+            assert_eq!(
+                q.best(&[w(0, 2, 0), w(1, 1, 150)], now),
+                Some(0),
+                "{now_ms}"
+            );
+        }
+        // Equal turns: arrival order. Past its deadline: not chosen.
+        assert_eq!(q.best(&[w(3, 2, 0), w(4, 1, 100)], at(0)), Some(3));
+        let mut late = w(5, 1, 0);
+        late.deadline = Some(at(10));
+        assert_eq!(q.best(&[late, w(6, 2, 0)], at(20)), Some(6));
     }
 
     #[test]
@@ -723,5 +780,10 @@ mod tests {
             ..QueuePolicy::default()
         })
         .contains("aging"));
+        assert!(bad(QueuePolicy {
+            aging: Duration::from_secs(90_000),
+            ..QueuePolicy::default()
+        })
+        .contains("a day"));
     }
 }
