@@ -33,6 +33,7 @@ import argparse
 import importlib.util
 import multiprocessing as mp
 import os
+import queue
 import shlex
 import signal
 import statistics
@@ -61,7 +62,7 @@ def inputs(m):
     """One input per model input, zeros of its shape (dynamic dims 1)."""
     import numpy as np
 
-    return [np.zeros([d if d > 0 else 1 for d in t.shape], dtype=t.dtype) for t in m.inputs]
+    return [np.zeros([d if d else 1 for d in t.shape], dtype=t.dtype) for t in m.inputs]
 
 
 def load_worker(uri, stop):
@@ -144,7 +145,14 @@ def main():
                 prio = 2 if phase.endswith("priority 2") else 1
                 pr = ctx.Process(target=probe, args=(uri, prio, a.n, a.pause_ms / 1e3, out))
                 pr.start()
-                t = out.get(timeout=600)
+                t = None
+                while t is None:
+                    try:
+                        t = out.get(timeout=1)
+                    except queue.Empty:
+                        if not pr.is_alive():
+                            stop.set()
+                            sys.exit(f"the probe process failed (exit code {pr.exitcode})")
                 pr.join()
                 stop.set()
                 for p in loaders:
