@@ -39,6 +39,7 @@ use prometheus::proto::{
 };
 use prometheus::{Encoder, Registry, TextEncoder};
 use server::dispatch::AgentCore;
+use server::queue::QueueStats;
 use server::stats::{DURATION_BOUNDS_NS, DURATION_BUCKETS};
 use server::{StatsSnapshot, Via};
 use std::collections::HashMap;
@@ -133,6 +134,18 @@ const FAMILIES: &[Family] = &[
         "nv_inference_pending_request_count",
         "Instantaneous number of requests waiting in the model's queue for their turn to run",
         GAUGE,
+        MODEL,
+    ),
+    family(
+        "tensorwire_queue_overloaded_total",
+        "Requests refused at once because the model's queue was full (max_queue)",
+        COUNTER,
+        MODEL,
+    ),
+    family(
+        "tensorwire_queue_timeouts_total",
+        "Requests that waited their whole queue timeout and were not computed",
+        COUNTER,
         MODEL,
     ),
     family(
@@ -263,7 +276,7 @@ fn us(ns: u64) -> f64 {
 }
 
 /// The metrics of family `i` for one model.
-fn model_metrics(i: usize, s: &StatsSnapshot, pending: usize) -> Vec<Metric> {
+fn model_metrics(i: usize, s: &StatsSnapshot, q: &QueueStats) -> Vec<Metric> {
     let one = |m: Metric| vec![m];
     match FAMILIES[i].name {
         "nv_inference_request_success" => one(counter(s.success.count as f64)),
@@ -275,7 +288,9 @@ fn model_metrics(i: usize, s: &StatsSnapshot, pending: usize) -> Vec<Metric> {
         "nv_inference_compute_input_duration_us" => one(counter(us(s.compute_input.ns))),
         "nv_inference_compute_infer_duration_us" => one(counter(us(s.compute_infer.ns))),
         "nv_inference_compute_output_duration_us" => one(counter(us(s.compute_output.ns))),
-        "nv_inference_pending_request_count" => one(gauge(pending as f64)),
+        "nv_inference_pending_request_count" => one(gauge(q.waiting as f64)),
+        "tensorwire_queue_overloaded_total" => one(counter(q.overloaded as f64)),
+        "tensorwire_queue_timeouts_total" => one(counter(q.timed_out as f64)),
         "tensorwire_request_duration_seconds" => one(histogram(&s.request_hist, s.success.ns)),
         "tensorwire_queue_duration_seconds" => one(histogram(&s.queue_hist, s.queue.ns)),
         "tensorwire_compute_duration_seconds" => {
@@ -310,10 +325,10 @@ impl Collector for CoreCollector {
             let name = model.signature().name.as_str();
             let version = model.version.to_string();
             let s = model.stats.snapshot();
-            let pending = model.queue.stats().waiting;
+            let q = model.queue.stats();
             for (i, mf) in families.iter_mut().enumerate() {
                 let with_transport = FAMILIES[i].labels == MODEL_TRANSPORT;
-                for (j, mut m) in model_metrics(i, &s, pending).into_iter().enumerate() {
+                for (j, mut m) in model_metrics(i, &s, &q).into_iter().enumerate() {
                     let mut pairs = vec![("model", name), ("version", version.as_str())];
                     if with_transport {
                         pairs.push(("transport", Via::ALL[j].name()));
@@ -587,6 +602,87 @@ mod tests {
             .next()
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("bad sample {line}"))
+    }
+
+    #[test]
+    fn the_queue_refusals_are_counted() {
+        use server::{Ask, ModelRegistry, NewModel, QueuePolicy};
+        use std::time::Duration;
+        let registry = ModelRegistry::with_identity();
+        registry.install(NewModel {
+            backend: Arc::new(engine::IdentityBackend::named("q")),
+            concurrency: 1,
+            version: 1,
+            outputs_in_place: false,
+            policy: QueuePolicy {
+                max_queue: 1,
+                ..QueuePolicy::default()
+            },
+        });
+        let core = Arc::new(AgentCore::new(registry, wire::Limits::default(), 1 << 20));
+        let m = Metrics::new(core.clone()).expect("metrics");
+        let model = core.registry.find("q").expect("q");
+        // Holds the model's one run until the returned sender sends.
+        let hold = || {
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let model = model.clone();
+            let h = std::thread::spawn(move || {
+                let _ = model
+                    .queue
+                    .run(Ask::default(), &mut Timeline::default(), || {
+                        let _ = rx.recv();
+                    });
+            });
+            (tx, h)
+        };
+        let wait = |cond: &dyn Fn(server::queue::QueueStats) -> bool| {
+            while !cond(model.queue.stats()) {
+                std::thread::yield_now();
+            }
+        };
+        // The line's one place taken: one more is refused at once.
+        let (tx, holder) = hold();
+        wait(&|s| s.running == 1);
+        let waiter = {
+            let model = model.clone();
+            std::thread::spawn(move || {
+                model
+                    .queue
+                    .run(Ask::default(), &mut Timeline::default(), || ())
+            })
+        };
+        wait(&|s| s.waiting == 1);
+        assert!(model
+            .queue
+            .run(Ask::default(), &mut Timeline::default(), || ())
+            .is_err());
+        let _ = tx.send(());
+        holder.join().expect("holder");
+        assert!(waiter.join().expect("waiter").is_ok());
+        // A request whose 20 ms in line run out.
+        let (tx, holder) = hold();
+        wait(&|s| s.running == 1);
+        let timeout = Ask {
+            priority: 0,
+            timeout: Some(Duration::from_millis(20)),
+        };
+        assert!(model
+            .queue
+            .run(timeout, &mut Timeline::default(), || ())
+            .is_err());
+        let _ = tx.send(());
+        holder.join().expect("holder");
+        let text = m.render().expect("render");
+        let q = r#"{model="q",version="1"}"#;
+        assert_eq!(
+            sample(&text, &format!("tensorwire_queue_overloaded_total{q}")),
+            1.0
+        );
+        assert_eq!(
+            sample(&text, &format!("tensorwire_queue_timeouts_total{q}")),
+            1.0
+        );
+        assert!(text.contains("# TYPE tensorwire_queue_overloaded_total counter"));
     }
 
     #[test]
