@@ -256,11 +256,12 @@ impl AgentCore {
     /// 100 years, so the deadline cannot overflow the clock) for those in
     /// flight to finish. Returns how many were still running at the end.
     pub fn close_and_drain(&self, grace: Duration) -> usize {
-        self.closing.store(true, Ordering::Release);
+        // SeqCst with the in-flight count: see `prepare_via`.
+        self.closing.store(true, Ordering::SeqCst);
         let deadline = Instant::now() + grace.min(Duration::from_secs(100 * 365 * 24 * 3600));
         let mut g = self.drain_lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let n = self.in_flight.load(Ordering::Acquire);
+            let n = self.in_flight.load(Ordering::SeqCst);
             let now = Instant::now();
             if n == 0 || now >= deadline {
                 return n;
@@ -475,9 +476,13 @@ impl AgentCore {
                 ),
             )));
         }
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        // Counted in flight before the second look at `closing` below;
+        // `close_and_drain` sets `closing` before it reads the count. With
+        // both sides SeqCst, either the drain sees this request or this
+        // request sees the drain: none slips past a drain that saw 0.
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
         stats.admitted();
-        Ok(Prepared {
+        let prepared = Prepared {
             model: model.clone(),
             tensors: section.tensors,
             request_id: id,
@@ -491,7 +496,18 @@ impl AgentCore {
                 arrived,
                 answered: AtomicBool::new(false),
             },
-        })
+        };
+        if self.closing.load(Ordering::SeqCst) {
+            // Undone by the guard's drop: the count, the reserved bytes,
+            // and the model's failure.
+            drop(prepared);
+            return Err(self.fail(Reply::error(
+                id,
+                Status::ShuttingDown,
+                "the agent is shutting down and accepts no new requests",
+            )));
+        }
+        Ok(prepared)
     }
 
     /// Runs a prepared request on `inputs` through its model's queue and
@@ -729,6 +745,50 @@ mod tests {
             core.prepare(&h, &d, &core.limits).is_ok(),
             "budget returned on drop"
         );
+    }
+
+    /// No request is admitted past a drain that saw none in flight: while
+    /// threads keep preparing requests, `close_and_drain` returns 0 only
+    /// when no request holds a `Prepared`, and none is prepared after.
+    #[test]
+    fn no_request_slips_past_a_drain() {
+        use std::sync::atomic::AtomicUsize;
+        for _ in 0..20 {
+            let core = std::sync::Arc::new(AgentCore::new(
+                ModelRegistry::with_identity(),
+                Limits::default(),
+                1 << 20,
+            ));
+            let drained = std::sync::Arc::new(AtomicBool::new(false));
+            let slipped = std::sync::Arc::new(AtomicUsize::new(0));
+            let threads: Vec<_> = (0..3)
+                .map(|_| {
+                    let (core, drained, slipped) = (core.clone(), drained.clone(), slipped.clone());
+                    std::thread::spawn(move || {
+                        let (h, d) = request(8);
+                        while !drained.load(Ordering::SeqCst) || !core.is_closing() {
+                            if let Ok(p) = core.prepare(&h, &d, &core.limits) {
+                                if drained.load(Ordering::SeqCst) {
+                                    slipped.fetch_add(1, Ordering::SeqCst);
+                                }
+                                drop(p);
+                            }
+                            if drained.load(Ordering::SeqCst) {
+                                break;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            std::thread::yield_now();
+            assert_eq!(core.close_and_drain(Duration::from_secs(5)), 0);
+            drained.store(true, Ordering::SeqCst);
+            for t in threads {
+                t.join().expect("thread");
+            }
+            assert_eq!(slipped.load(Ordering::SeqCst), 0);
+            assert_eq!(core.in_flight(), 0);
+        }
     }
 
     /// Fails every run (its inputs: anything).
