@@ -8,12 +8,17 @@
 //! Everything the peer writes into the arena is untrusted: the consumer's
 //! ring index is checked before use, slots are copied out before they are validated, and
 //! tensor bytes are only ever read as bytes.
+//!
+//! Beside the transport, [`mirror`] holds the agent's tensor queue memory: a
+//! [`TensorRing`] whose memfd is mapped twice back to back, so a batch of
+//! back-to-back [`RingSpan`]s is one slice even where it wraps.
 
 pub mod arena;
 pub mod channel;
 pub mod fdpass;
 pub mod futex;
 pub mod layout;
+pub mod mirror;
 pub mod ring;
 
 pub use arena::Arena;
@@ -21,4 +26,5 @@ pub use channel::{
     control_path, ShmChannel, ShmError, ShmSizes, WaitPolicy, SLEEP_FUTEX, SLEEP_PARKED,
 };
 pub use layout::Layout;
+pub use mirror::{RingSpan, TensorRing};
 pub use ring::{Ring, RingError, SLOT_LEN};
