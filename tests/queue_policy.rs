@@ -104,6 +104,7 @@ fn gate_agent(policy: QueuePolicy) -> (GateAgent, Arc<GateBackend>) {
         version: 1,
         outputs_in_place: false,
         policy,
+        batching: server::BatchPolicy::default(),
     });
     let dir = tempfile::tempdir().expect("temporary directory");
     let name = format!(

@@ -618,6 +618,7 @@ mod tests {
                 max_queue: 1,
                 ..QueuePolicy::default()
             },
+            batching: server::BatchPolicy::default(),
         });
         let core = Arc::new(AgentCore::new(registry, wire::Limits::default(), 1 << 20));
         let m = Metrics::new(core.clone()).expect("metrics");

@@ -14,7 +14,7 @@ use crate::proto::model_instance_group::Kind;
 use crate::proto::model_queue_policy::TimeoutAction;
 use crate::proto::{DataType, ModelConfig, ModelInput, ModelInstanceGroup, ModelOutput};
 use prost_reflect::{DescriptorPool, DynamicMessage};
-use server::QueuePolicy;
+use server::{BatchPolicy, QueuePolicy};
 use std::sync::OnceLock;
 use std::time::Duration;
 use wire::{DType, ModelSignature, TensorSpec};
@@ -320,16 +320,33 @@ pub fn effective(mut c: ModelConfig, sig: &ModelSignature, instances: usize) -> 
     c
 }
 
-/// Whether the config asks for batches (preferred sizes or a queue delay),
-/// which the agent does not form yet: the setting is reported, and a
-/// warning says it is not applied. Its priority and queue settings are
-/// applied ([`queue_policy`]).
-pub fn wants_batching(c: &ModelConfig) -> bool {
-    matches!(
-        &c.scheduling_choice,
-        Some(SchedulingChoice::DynamicBatching(d))
-            if !d.preferred_batch_size.is_empty() || d.max_queue_delay_microseconds != 0
-    )
+/// The model's batching from `max_batch_size` and `dynamic_batching`
+/// (as Triton: batches form only with both, `max_batch_size > 1`):
+/// `max_batch_size` rows at most, `max_queue_delay_microseconds`,
+/// `preferred_batch_size`. Without `dynamic_batching`, or with
+/// `max_batch_size` 0 or 1, requests run one at a time.
+pub fn batch_policy(c: &ModelConfig) -> Result<BatchPolicy, String> {
+    let Some(SchedulingChoice::DynamicBatching(d)) = &c.scheduling_choice else {
+        return Ok(BatchPolicy::default());
+    };
+    if c.max_batch_size <= 1 {
+        return Ok(BatchPolicy::default());
+    }
+    let mut preferred = d
+        .preferred_batch_size
+        .iter()
+        .map(|&n| usize::try_from(n).map_err(|_| format!("preferred_batch_size {n} is negative")))
+        .collect::<Result<Vec<usize>, String>>()?;
+    preferred.sort_unstable();
+    preferred.dedup();
+    let p = BatchPolicy {
+        max_batch: usize::try_from(c.max_batch_size).unwrap_or(usize::MAX),
+        max_queue_delay: Duration::from_micros(d.max_queue_delay_microseconds),
+        preferred,
+    };
+    p.validate()
+        .map_err(|e| format!("max_batch_size / dynamic_batching: {e}"))?;
+    Ok(p)
 }
 
 /// The model's queue policy from `dynamic_batching`: `priority_levels`,
@@ -440,7 +457,22 @@ mod tests {
         .expect("parses");
         assert_eq!(check_settings(&c, "digits"), Ok(2));
         assert_eq!(check_against(&c, &sig()), Ok(()));
-        assert!(wants_batching(&c));
+        let b = batch_policy(&c).expect("batching");
+        assert_eq!(
+            (b.max_batch, b.max_queue_delay),
+            (8, Duration::from_micros(100))
+        );
+        let off = |t: &str| batch_policy(&parse_pbtxt(t).expect("parses")).expect("ok");
+        assert!(!off("max_batch_size: 8").is_on(), "no dynamic_batching");
+        assert!(!off("dynamic_batching { }").is_on(), "max_batch_size 0");
+        let b = off("max_batch_size: 16 dynamic_batching { preferred_batch_size: [8, 4, 8] }");
+        assert_eq!(b.preferred, vec![4, 8]);
+        let e = batch_policy(
+            &parse_pbtxt("max_batch_size: 4 dynamic_batching { preferred_batch_size: [8] }")
+                .expect("parses"),
+        )
+        .expect_err("8 > 4");
+        assert!(e.contains("preferred_batch_sizes"), "{e}");
         let e = effective(c, &sig(), 2);
         assert_eq!(e.default_model_filename, DEFAULT_MODEL_FILENAME);
         assert_eq!(e.instance_group.len(), 1);

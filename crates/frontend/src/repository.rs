@@ -24,7 +24,7 @@
 //! old one finish on it. A reload that fails keeps the old model serving.
 
 use crate::model_config::{
-    check_against, check_settings, effective, parse_pbtxt, queue_policy, wants_batching,
+    batch_policy, check_against, check_settings, effective, parse_pbtxt, queue_policy,
     DEFAULT_MODEL_FILENAME,
 };
 use crate::proto::model_version_policy::PolicyChoice;
@@ -558,6 +558,7 @@ impl Repository {
         };
         let instances = check_settings(&config, name).map_err(load_err)?;
         let policy = queue_policy(&config).map_err(load_err)?;
+        let batching = batch_policy(&config).map_err(load_err)?;
         let (version, file) = pick_version(dir, &config).map_err(load_err)?;
         let opts = OrtOptions {
             intra_threads: self.opts.intra_threads,
@@ -566,13 +567,6 @@ impl Repository {
         };
         let backend = OrtBackend::load(name, &file, &opts).map_err(|e| load_err(e.to_string()))?;
         check_against(&config, backend.signature()).map_err(load_err)?;
-        if wants_batching(&config) {
-            eprintln!(
-                "tensorwire agent: model {name}: dynamic_batching's batch settings are recorded \
-                 but not applied (the agent runs each request on its own; its priority and \
-                 queue settings are applied)"
-            );
-        }
         let effective = effective(config, backend.signature(), instances);
         self.core.registry.install(NewModel {
             backend: Arc::new(backend),
@@ -580,6 +574,7 @@ impl Repository {
             version,
             outputs_in_place: true,
             policy,
+            batching,
         });
         Ok((version, effective))
     }

@@ -15,6 +15,9 @@
 //! default_priority = 1     # level of a request that names none (default: the lowest)
 //! priority_aging_ms = 1000 # a waiting request rises a level per this long (starvation bound)
 //! queue_timeout_ms = 0     # longest wait of a request that names no timeout (0 = none)
+//! max_batch = 1            # most rows per engine run: > 1 batches waiting requests (dynamic first dim)
+//! max_queue_delay_us = 0   # how long a batch's first request may wait for more
+//! preferred_batch_sizes = [] # batch sizes to stop at (e.g. [4, 8])
 //!
 //! [limits]                 # per session; defaults shown
 //! max_tensors = 64
@@ -61,6 +64,7 @@
 //! forgot (off by default: the clients keep their connection for reuse).
 //! Waiting and idle connections hold no thread (`server::reactor`).
 
+use crate::batcher::BatchPolicy;
 use crate::queue::QueuePolicy;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -127,6 +131,16 @@ pub struct ModelConfig {
     /// limit).
     #[serde(default)]
     pub queue_timeout_ms: u64,
+    /// The most rows (first-dimension entries) in one engine run; above 1,
+    /// requests that wait are batched ([`crate::batcher`]).
+    #[serde(default = "one")]
+    pub max_batch: usize,
+    /// How long the first request of a batch may wait for more (µs).
+    #[serde(default)]
+    pub max_queue_delay_us: u64,
+    /// Batch sizes to stop at.
+    #[serde(default)]
+    pub preferred_batch_sizes: Vec<usize>,
 }
 
 fn one_u8() -> u8 {
@@ -153,15 +167,66 @@ impl ModelConfig {
             default_priority: None,
             priority_aging_ms: thousand(),
             queue_timeout_ms: 0,
+            max_batch: 1,
+            max_queue_delay_us: 0,
+            preferred_batch_sizes: Vec::new(),
         }
     }
 
-    /// Parses `NAME=PATH` (the `--model` flag).
+    /// Parses `NAME=PATH[;KEY=VALUE...]` (the `--model` flag): the keys
+    /// are those of a `[[model]]` table, each value in TOML syntax
+    /// (`max_batch=16;max_queue_delay_us=500;preferred_batch_sizes=[4,8]`).
     pub fn parse_flag(s: &str) -> Result<ModelConfig, ConfigError> {
-        let (name, path) = s.split_once('=').ok_or_else(|| {
-            ConfigError::Invalid(format!("--model takes NAME=PATH.onnx, got '{s}'"))
+        let mut parts = s.split(';');
+        let first = parts.next().unwrap_or_default();
+        let (name, path) = first.split_once('=').ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "--model takes NAME=PATH.onnx[;KEY=VALUE...], got '{s}'"
+            ))
         })?;
-        Ok(ModelConfig::new(name, path))
+        let mut table = toml::Table::new();
+        table.insert("name".into(), toml::Value::String(name.into()));
+        table.insert("path".into(), toml::Value::String(path.into()));
+        for part in parts.filter(|p| !p.trim().is_empty()) {
+            let (key, value) = part.split_once('=').ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "--model '{name}': '{part}' is not KEY=VALUE (e.g. max_batch=16)"
+                ))
+            })?;
+            let key = key.trim();
+            if key == "name" || key == "path" {
+                return Err(ConfigError::Invalid(format!(
+                    "--model '{name}': {key} comes first (NAME=PATH), not as an option"
+                )));
+            }
+            let value: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .ok_or_else(|| {
+                    ConfigError::Invalid(format!(
+                        "--model '{name}': the value of {key} ('{value}') is not a number, \
+                         list or string"
+                    ))
+                })?;
+            table.insert(key.into(), value);
+        }
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| {
+                ConfigError::Invalid(format!("--model '{name}': {}", e.message()))
+            })
+    }
+
+    /// Its batching settings (checked by [`AgentConfig::validate`]).
+    pub fn batch_policy(&self) -> BatchPolicy {
+        let mut preferred = self.preferred_batch_sizes.clone();
+        preferred.sort_unstable();
+        preferred.dedup();
+        BatchPolicy {
+            max_batch: self.max_batch,
+            max_queue_delay: Duration::from_micros(self.max_queue_delay_us),
+            preferred,
+        }
     }
 
     /// Its queue's policy (checked by [`AgentConfig::validate`]).
@@ -567,6 +632,9 @@ impl AgentConfig {
                 ));
             }
             if let Err(e) = m.queue_policy().validate() {
+                return bad(format!("model '{}': {e}", m.name));
+            }
+            if let Err(e) = m.batch_policy().validate() {
                 return bad(format!("model '{}': {e}", m.name));
             }
         }

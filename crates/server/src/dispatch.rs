@@ -550,23 +550,23 @@ impl AgentCore {
     }
 
     /// Runs the model on `inputs` through its queue (stamping the queue and
-    /// compute stages). Engine errors and panics become Error replies.
+    /// compute stages), batched with other requests when the model batches
+    /// ([`crate::batcher`]). Engine errors and panics become Error replies.
     pub fn run(
         &self,
         p: &Prepared<'_>,
         inputs: &[TensorView<'_>],
         tl: &mut Timeline,
     ) -> Result<Vec<Output>, Reply> {
-        let backend = &p.model.backend;
-        let result = p.model.queue.run(p.ask, tl, || {
-            std::panic::catch_unwind(AssertUnwindSafe(|| backend.run(inputs)))
-        });
+        let result = crate::batcher::run(&p.model, p.ask, tl, inputs);
         self.engine_result(p, result)
     }
 
     /// Like [`run`](AgentCore::run), with the engine writing output `i`
     /// into `outputs[i]` ([`engine::Backend::run_into`]; sizes from
-    /// [`engine::Backend::output_shapes`]).
+    /// [`engine::Backend::output_shapes`]). A model that batches runs
+    /// through its batcher and its outputs are copied into `outputs`
+    /// (counted with the batch's output copies).
     pub fn run_into(
         &self,
         p: &Prepared<'_>,
@@ -574,11 +574,50 @@ impl AgentCore {
         outputs: &mut [&mut [u8]],
         tl: &mut Timeline,
     ) -> Result<(), Reply> {
+        if p.model.batcher.policy().is_on() {
+            let produced = self.run(p, inputs, tl)?;
+            return self.copy_into(p, &produced, inputs, outputs);
+        }
         let backend = &p.model.backend;
         let result = p.model.queue.run(p.ask, tl, || {
             std::panic::catch_unwind(AssertUnwindSafe(|| backend.run_into(inputs, outputs)))
         });
         self.engine_result(p, result)
+    }
+
+    /// Copies `produced` into `outputs` (one buffer per output, exactly
+    /// its size).
+    fn copy_into(
+        &self,
+        p: &Prepared<'_>,
+        produced: &[Output],
+        inputs: &[TensorView<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<(), Reply> {
+        let internal = |m: String| self.fail(Reply::error(p.request_id, Status::Internal, &m));
+        if produced.len() != outputs.len() {
+            return Err(internal(format!(
+                "model '{}' gave {} outputs for {} buffers",
+                p.model.signature().name,
+                produced.len(),
+                outputs.len()
+            )));
+        }
+        for (i, (o, dst)) in produced.iter().zip(outputs.iter_mut()).enumerate() {
+            let src = o.bytes(inputs);
+            if src.len() != dst.len() {
+                return Err(internal(format!(
+                    "model '{}' output {i} is {} bytes, its buffer {}",
+                    p.model.signature().name,
+                    src.len(),
+                    dst.len()
+                )));
+            }
+            dst.copy_from_slice(src);
+        }
+        let bytes: usize = outputs.iter().map(|b| b.len()).sum();
+        p.model.stats.record_batch_copy(0, 0, bytes as u64);
+        Ok(())
     }
 
     fn engine_result<T>(

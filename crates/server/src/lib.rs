@@ -15,6 +15,7 @@
 //! model's request statistics ([`stats`]) on the way.
 
 mod agent;
+pub mod batcher;
 pub mod config;
 pub mod conns;
 pub mod dispatch;
@@ -30,6 +31,7 @@ mod shm_tests;
 pub mod stats;
 
 pub use agent::{Agent, AgentStats};
+pub use batcher::BatchPolicy;
 pub use config::{AgentConfig, ConfigError, ModelConfig};
 pub use queue::{Ask, QueuePolicy, Refused};
 pub use registry::{ModelEntry, ModelRegistry, NewModel};

@@ -21,11 +21,16 @@
 //! With `max_queue` requests already waiting, one more is refused at once
 //! ([`Refused::Overloaded`]).
 //!
-//! Dynamic batching fits the same shape: the admitted holder may take the
-//! requests queued behind it along into one run.
+//! Dynamic batching uses the same line (see [`crate::batcher`]): a
+//! request that may share a run waits as a [`Member`]; when its turn comes
+//! it *leads*: holding the run, it takes the compatible members waiting
+//! behind it (in turn order, up to the batch's limit, waiting up to the
+//! model's queue delay for more) along into one run. A member taken along
+//! leaves the line at once; its leader answers it.
 
+use crate::batcher::{BatchPolicy, Member};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use wire::{Stage, Timeline};
 
@@ -173,7 +178,11 @@ pub struct ModelQueue {
     /// A run is counted here from its admission to its end.
     word: AtomicU64,
     state: Mutex<State>,
-    cv: Condvar,
+    /// Leaders waiting out their queue delay wait here (a new member
+    /// wakes them); every waiter in line waits on its own condition
+    /// variable ([`Waiter::wake`]), so a run ending wakes one waiter, not
+    /// all of them.
+    gather: Condvar,
     concurrency: usize,
     policy: QueuePolicy,
     /// Runs completed, for stats.
@@ -189,14 +198,30 @@ struct State {
     next_seq: u64,
     /// Who waits, in arrival order.
     waiters: Vec<Waiter>,
+    /// Leaders waiting out their queue delay for more members (each new
+    /// waiter wakes them).
+    gathering: usize,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Waiter {
     seq: u64,
     /// Arrival + (level - 1) × aging: the earliest goes first.
     turn: Instant,
     deadline: Option<Instant>,
+    /// What a leader needs to take it into a batch; `None`: it runs alone.
+    member: Option<Arc<Member>>,
+    /// Where it sleeps (with the state's lock): woken when it may be
+    /// admitted, or taken into a batch.
+    wake: Arc<Condvar>,
+}
+
+/// How a batchable request's wait in line ended.
+pub(crate) enum Turn<'a> {
+    /// It holds a run (until the [`RunSlot`] drops): it leads a batch.
+    Lead(RunSlot<'a>),
+    /// A leader took it into its batch and will answer it.
+    Taken,
 }
 
 /// A snapshot of a queue's counters.
@@ -227,7 +252,7 @@ impl ModelQueue {
         ModelQueue {
             word: AtomicU64::new(0),
             state: Mutex::new(State::default()),
-            cv: Condvar::new(),
+            gather: Condvar::new(),
             concurrency: concurrency.clamp(1, 1 << 31),
             policy,
             completed: AtomicU64::new(0),
@@ -276,10 +301,10 @@ impl ModelQueue {
         timeline.stamp(Stage::Queued);
         let waited = !self.try_admit_at_once();
         if waited {
-            self.admit_in_turn(ask)?;
+            self.admit_in_turn(ask, None)?;
         }
         // Released on every exit, including a panic inside `f`.
-        let _slot = Slot(self);
+        let _slot = RunSlot(self);
         if waited {
             timeline.stamp(Stage::ComputeStart);
         } else {
@@ -288,6 +313,114 @@ impl ModelQueue {
         let r = f();
         timeline.stamp(Stage::ComputeEnd);
         Ok(r)
+    }
+
+    /// Waits in line as a request that may share a run (`member`): returns
+    /// [`Turn::Lead`] when admitted (it then takes followers:
+    /// [`take_followers`](Self::take_followers)) or [`Turn::Taken`] once a
+    /// leader took it along (its outcome then arrives in the member). A
+    /// request that finds the model free and nobody waiting leads at once.
+    /// The caller stamped `Queued`.
+    pub(crate) fn wait_as_member(
+        &self,
+        ask: Ask,
+        member: &Arc<Member>,
+    ) -> Result<Turn<'_>, Refused> {
+        let levels = self.policy.priority_levels;
+        if ask.priority > levels {
+            return Err(Refused::BadPriority {
+                asked: ask.priority,
+                levels,
+            });
+        }
+        if self.try_admit_at_once() || self.admit_in_turn(ask, Some(member))? {
+            Ok(Turn::Lead(RunSlot(self)))
+        } else {
+            Ok(Turn::Taken)
+        }
+    }
+
+    /// For a leader holding a run: takes the members waiting in line that
+    /// can share its run, best turn first, as `policy` says: up to
+    /// `max_batch` rows in all, waiting until `since + max_queue_delay` for
+    /// more while neither `max_batch` nor a preferred size is reached. The
+    /// members taken leave the line (their requests no longer wait, and
+    /// their deadlines no longer apply: they will be computed).
+    pub(crate) fn take_followers(
+        &self,
+        leader: &Member,
+        policy: &BatchPolicy,
+        since: Instant,
+    ) -> Vec<Arc<Member>> {
+        let room = policy.max_batch.saturating_sub(leader.rows());
+        let until = since.checked_add(policy.max_queue_delay).unwrap_or(since);
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut chosen = loop {
+            let now = Instant::now();
+            let chosen = Self::compatible(&s.waiters, leader, room, now);
+            let rows = leader.rows() + chosen.iter().map(|&(_, r)| r).sum::<usize>();
+            if policy.is_reached(rows) || now >= until {
+                break chosen;
+            }
+            s.gathering += 1;
+            s = self
+                .gather
+                .wait_timeout(s, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            s.gathering -= 1;
+        };
+        chosen.truncate(policy.keep(leader.rows(), chosen.iter().map(|&(_, r)| r)));
+        if chosen.is_empty() {
+            return Vec::new();
+        }
+        let mut taken = Vec::with_capacity(chosen.len());
+        s.waiters.retain(|w| {
+            let take = chosen.iter().any(|&(seq, _)| seq == w.seq);
+            if take {
+                if let Some(m) = &w.member {
+                    m.mark_taken();
+                    taken.push(m.clone());
+                    // It goes on to wait for its outcome.
+                    w.wake.notify_one();
+                }
+            }
+            !take
+        });
+        self.word
+            .fetch_sub(WAITING_ONE * taken.len() as u64, Ordering::Relaxed);
+        // Arrival order: the order their inputs were staged in.
+        taken.sort_by_key(|m| m.staged_at());
+        taken
+    }
+
+    /// The members in `waiters` that fit with `leader` (not past their
+    /// deadline at `now`), best turn first, while their rows fit in
+    /// `room`: (seq, rows) each.
+    fn compatible(
+        waiters: &[Waiter],
+        leader: &Member,
+        room: usize,
+        now: Instant,
+    ) -> Vec<(u64, usize)> {
+        let mut fits: Vec<&Waiter> = waiters
+            .iter()
+            .filter(|w| w.deadline.is_none_or(|d| now < d))
+            .filter(|w| w.member.as_ref().is_some_and(|m| m.fits_with(leader)))
+            .collect();
+        fits.sort_by_key(|w| (w.turn, w.seq));
+        let mut left = room;
+        let mut chosen = Vec::new();
+        for w in fits {
+            let rows = w.member.as_ref().map_or(0, |m| m.rows());
+            if rows > left {
+                // A smaller one further back may still fit; keep looking.
+                continue;
+            }
+            left -= rows;
+            chosen.push((w.seq, rows));
+        }
+        chosen
     }
 
     /// Admits the caller if a run is free and nobody waits.
@@ -301,8 +434,10 @@ impl ModelQueue {
     }
 
     /// Waits in line until this request is the policy's best waiter and a
-    /// run is free, then takes the run; or leaves the line refused.
-    fn admit_in_turn(&self, ask: Ask) -> Result<(), Refused> {
+    /// run is free, then takes the run (`Ok(true)`); or, for a `member`,
+    /// until a leader takes it along (`Ok(false)`); or leaves the line
+    /// refused.
+    fn admit_in_turn(&self, ask: Ask, member: Option<&Arc<Member>>) -> Result<bool, Refused> {
         let p = &self.policy;
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if p.max_queue != 0 && s.waiters.len() >= p.max_queue {
@@ -328,18 +463,32 @@ impl ModelQueue {
             (Some(own), Some(cap)) => Some(own.min(cap)),
             (own, default) => own.or(default),
         };
+        let wake = Arc::new(Condvar::new());
         let me = Waiter {
             seq: s.next_seq,
             turn: arrived.checked_add(behind).unwrap_or(arrived),
             deadline: timeout.and_then(|t| arrived.checked_add(t)),
+            member: member.cloned(),
+            wake: wake.clone(),
         };
+        let (seq, deadline) = (me.seq, me.deadline);
         s.next_seq += 1;
         s.waiters.push(me);
+        if member.is_some() && s.gathering > 0 {
+            // A leader waiting for members may take this one.
+            self.gather.notify_all();
+        }
         loop {
+            if member.is_some_and(|m| m.is_taken()) {
+                // Its leader removed it from the line and the count. A
+                // wake meant for it (a run freed) passes on.
+                self.wake_best(&s);
+                return Ok(false);
+            }
             let now = Instant::now();
             // Admission first: a request that is next and finds a free run
             // is admitted even at its deadline.
-            if self.best(&s.waiters, now) == Some(me.seq) {
+            if self.best(&s.waiters, now) == Some(seq) {
                 // A run ending does not take the lock to decrement, so take
                 // a free run by compare-and-swap, as the fast path does.
                 let w = self.word.load(Ordering::Relaxed);
@@ -360,36 +509,47 @@ impl ModelQueue {
                     continue; // the word changed under us: try again
                 }
             }
-            if me.deadline.is_some_and(|d| now >= d) {
-                s.waiters.retain(|w| w.seq != me.seq);
+            if deadline.is_some_and(|d| now >= d) {
+                s.waiters.retain(|w| w.seq != seq);
                 self.word.fetch_sub(WAITING_ONE, Ordering::Relaxed);
                 self.timed_out.fetch_add(1, Ordering::Relaxed);
                 // The next waiter may be another one now.
-                self.cv.notify_all();
+                self.wake_best(&s);
                 return Err(Refused::Timeout {
                     waited: now - arrived,
                 });
             }
-            // Woken by a run ending (it locks before notifying, so the wake
-            // cannot fall between the check above and this wait), by a
-            // waiter admitted or leaving, or by this request's deadline.
-            s = match me.deadline {
-                None => self.cv.wait(s).unwrap_or_else(|e| e.into_inner()),
+            // Woken when it is the best waiter and a run is free (a run
+            // ending, a waiter admitted or leaving: they lock before
+            // waking, so the wake cannot fall between the check above and
+            // this wait), when a leader takes it, or by its deadline.
+            s = match deadline {
+                None => wake.wait(s).unwrap_or_else(|e| e.into_inner()),
                 Some(d) => {
                     let left = d.saturating_duration_since(now);
-                    self.cv
-                        .wait_timeout(s, left)
+                    wake.wait_timeout(s, left)
                         .unwrap_or_else(|e| e.into_inner())
                         .0
                 }
             };
         }
-        s.waiters.retain(|w| w.seq != me.seq);
+        s.waiters.retain(|w| w.seq != seq);
         // The next waiter may be admissible too (concurrency > 1).
-        if !s.waiters.is_empty() {
-            self.cv.notify_all();
+        self.wake_best(&s);
+        Ok(true)
+    }
+
+    /// Wakes the waiter to admit next if a run is free (the state's lock
+    /// is held). Only that one: it wakes the next in turn when it is
+    /// admitted or leaves.
+    fn wake_best(&self, s: &State) {
+        if (self.word.load(Ordering::Acquire) & RUNNING_MASK) >= self.concurrency as u64 {
+            return;
         }
-        Ok(())
+        let best = self.best(&s.waiters, Instant::now());
+        if let Some(w) = s.waiters.iter().find(|w| Some(w.seq) == best) {
+            w.wake.notify_one();
+        }
     }
 
     /// The waiter to admit next: the earliest turn, the earliest arrival
@@ -417,9 +577,10 @@ impl ModelQueue {
     }
 }
 
-struct Slot<'a>(&'a ModelQueue);
+/// A run held from admission until dropped (also on a panic).
+pub(crate) struct RunSlot<'a>(&'a ModelQueue);
 
-impl Drop for Slot<'_> {
+impl Drop for RunSlot<'_> {
     fn drop(&mut self) {
         let q = self.0;
         q.completed.fetch_add(1, Ordering::Relaxed);
@@ -427,8 +588,8 @@ impl Drop for Slot<'_> {
         // Waking costs a syscall: only when someone waits. The lock orders
         // this wake after a waiter's check (see `admit_in_turn`).
         if before >= WAITING_ONE {
-            let _g = q.state.lock().unwrap_or_else(|p| p.into_inner());
-            q.cv.notify_all();
+            let s = q.state.lock().unwrap_or_else(|p| p.into_inner());
+            q.wake_best(&s);
         }
     }
 }
@@ -717,6 +878,8 @@ mod tests {
             seq,
             turn: at(arrived_ms) + Duration::from_millis(100) * (level - 1),
             deadline: None,
+            member: None,
+            wake: Arc::new(Condvar::new()),
         };
         for now_ms in [50, 120, 149, 151, 199, 250, 10_000] {
             let now = at(now_ms);

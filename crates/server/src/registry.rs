@@ -13,6 +13,7 @@
 //! so a model unloaded while requests run on it finishes them and is
 //! dropped (its engine sessions freed) when the last one answers.
 
+use crate::batcher::{BatchPolicy, Batcher};
 use crate::config::{AgentConfig, ModelConfig};
 use crate::queue::{ModelQueue, QueuePolicy};
 use crate::stats::ModelStats;
@@ -32,6 +33,8 @@ pub struct ModelEntry {
     pub backend: Arc<dyn Backend>,
     /// Its queue.
     pub queue: ModelQueue,
+    /// How it forms batches of waiting requests.
+    pub batcher: Batcher,
     /// Whether the backend writes outputs straight into buffers the agent
     /// provides ([`Backend::run_into`] overridden to do so: ONNX Runtime).
     /// Shared-memory sessions then place outputs in the arena before the
@@ -70,6 +73,9 @@ pub struct NewModel {
     pub outputs_in_place: bool,
     /// How its queue orders and bounds waiting requests.
     pub policy: QueuePolicy,
+    /// How it batches waiting requests (checked against its inputs when
+    /// installed: [`batch_policy_for`]).
+    pub batching: BatchPolicy,
 }
 
 /// One published state of the registry.
@@ -122,6 +128,7 @@ impl ModelRegistry {
                 version: 1,
                 outputs_in_place: true,
                 policy: m.queue_policy(),
+                batching: m.batch_policy(),
             });
         }
         Ok(r)
@@ -137,6 +144,7 @@ impl ModelRegistry {
             version: 1,
             outputs_in_place: false,
             policy: QueuePolicy::default(),
+            batching: BatchPolicy::default(),
         })
     }
 
@@ -149,6 +157,7 @@ impl ModelRegistry {
             version: 1,
             outputs_in_place: true,
             policy: QueuePolicy::default(),
+            batching: BatchPolicy::default(),
         })
     }
 
@@ -167,6 +176,7 @@ impl ModelRegistry {
                 id,
                 version: m.version,
                 queue: ModelQueue::with_policy(m.concurrency, m.policy),
+                batcher: Batcher::new(batch_policy_for(m.backend.signature(), m.batching)),
                 backend: m.backend,
                 outputs_in_place: m.outputs_in_place,
                 stats: ModelStats::default(),
@@ -233,6 +243,42 @@ pub fn load_onnx(m: &ModelConfig, cfg: &AgentConfig) -> Result<Arc<dyn Backend>,
     Ok(Arc::new(OrtBackend::load(&m.name, &m.path, &opts)?))
 }
 
+/// `[?, 3, 224, 224]`: dims, `?` for a dynamic one.
+fn dims_text(shape: &[Option<u64>]) -> String {
+    let dims: Vec<String> = shape
+        .iter()
+        .map(|d| d.map_or_else(|| "?".to_string(), |n| n.to_string()))
+        .collect();
+    format!("[{}]", dims.join(", "))
+}
+
+/// `asked`, unless the model cannot batch: an input whose first dimension
+/// is fixed (or that has none) cannot stack requests, so the model gets
+/// `max_batch = 1`, with a warning on stderr saying why.
+pub fn batch_policy_for(sig: &ModelSignature, asked: BatchPolicy) -> BatchPolicy {
+    if !asked.is_on() {
+        return asked;
+    }
+    let fixed = sig
+        .inputs
+        .iter()
+        .find(|t| !matches!(t.shape.first(), Some(None)));
+    match fixed {
+        None => asked,
+        Some(t) => {
+            eprintln!(
+                "tensorwire agent: model '{}': max_batch {} asked, but input '{}' has shape {} \
+                 (no dynamic first dimension to stack requests along): max_batch = 1",
+                sig.name,
+                asked.max_batch,
+                t.name,
+                dims_text(&t.shape)
+            );
+            BatchPolicy::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +290,7 @@ mod tests {
             version: 3,
             outputs_in_place: false,
             policy: QueuePolicy::default(),
+            batching: BatchPolicy::default(),
         }
     }
 

@@ -176,6 +176,15 @@ pub struct ModelStats {
     request: DurationHistogram,
     queue: DurationHistogram,
     compute: DurationHistogram,
+    /// Engine runs of more than one request, and the requests in them.
+    batches: AtomicU64,
+    batched_requests: AtomicU64,
+    /// Bytes the batcher copied: inputs staged into tensor queues, batches
+    /// gathered (members not back to back in a queue), and output rows
+    /// copied out of a batch's outputs.
+    batch_staged_bytes: AtomicU64,
+    batch_gathered_bytes: AtomicU64,
+    batch_output_bytes: AtomicU64,
 }
 
 /// A count and the total of its durations, in ns.
@@ -203,10 +212,22 @@ pub struct StatsSnapshot {
     pub compute_infer: CountNs,
     /// Output handling of successful requests.
     pub compute_output: CountNs,
-    /// Inferences performed (no batching yet: one per successful request).
+    /// Inferences performed (one per successful request).
     pub inference_count: u64,
-    /// Engine executions (no batching yet: equal to `inference_count`).
+    /// Engine executions: a batch of several requests is one.
     pub execution_count: u64,
+    /// Engine runs that served more than one request.
+    pub batches: u64,
+    /// Requests served in those runs.
+    pub batched_requests: u64,
+    /// Input bytes copied into tensor queues (each request staged for a
+    /// batch is copied once).
+    pub batch_staged_bytes: u64,
+    /// Input bytes copied again to gather a batch whose members were not
+    /// back to back in their tensor queues.
+    pub batch_gathered_bytes: u64,
+    /// Output bytes copied from a batch's outputs into its members' own.
+    pub batch_output_bytes: u64,
     /// When the model was last asked for an inference that was answered,
     /// in ms since the Unix epoch (0: never).
     pub last_inference_ms: u64,
@@ -309,6 +330,29 @@ impl ModelStats {
         self.record_failure(arrived_ns);
     }
 
+    /// Counts one engine run of `requests` requests (more than one: a
+    /// batch).
+    pub(crate) fn record_batch(&self, requests: u64) {
+        if requests > 1 {
+            self.batches.fetch_add(1, Relaxed);
+            self.batched_requests.fetch_add(requests, Relaxed);
+        }
+    }
+
+    /// Counts bytes the batcher copied: staged into tensor queues,
+    /// gathered into a batch, copied out of a batch's outputs.
+    pub(crate) fn record_batch_copy(&self, staged: u64, gathered: u64, output: u64) {
+        for (c, n) in [
+            (&self.batch_staged_bytes, staged),
+            (&self.batch_gathered_bytes, gathered),
+            (&self.batch_output_bytes, output),
+        ] {
+            if n != 0 {
+                c.fetch_add(n, Relaxed);
+            }
+        }
+    }
+
     /// Requests in flight now.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed)
@@ -341,7 +385,18 @@ impl ModelStats {
             compute_infer,
             compute_output,
             inference_count: success,
-            execution_count: success,
+            // Each batch of n requests is one execution, not n (a request
+            // of a batch that then failed makes this an estimate).
+            execution_count: success.saturating_sub(
+                self.batched_requests
+                    .load(Relaxed)
+                    .saturating_sub(self.batches.load(Relaxed)),
+            ),
+            batches: self.batches.load(Relaxed),
+            batched_requests: self.batched_requests.load(Relaxed),
+            batch_staged_bytes: self.batch_staged_bytes.load(Relaxed),
+            batch_gathered_bytes: self.batch_gathered_bytes.load(Relaxed),
+            batch_output_bytes: self.batch_output_bytes.load(Relaxed),
             last_inference_ms: wall_ms_of(self.last_ns.load(Relaxed)),
             in_flight: self.in_flight.load(Relaxed),
             by_via: std::array::from_fn(|i| self.by_via[i].load(Relaxed)),
