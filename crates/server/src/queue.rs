@@ -354,6 +354,10 @@ impl ModelQueue {
     ) -> Vec<Arc<Member>> {
         let room = policy.max_batch.saturating_sub(leader.rows());
         let until = since.checked_add(policy.max_queue_delay).unwrap_or(since);
+        if !policy.max_queue_delay.is_zero() {
+            // It may wait for members: others must read their requests.
+            crate::reactor::will_block();
+        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut chosen = loop {
             let now = Instant::now();
@@ -438,6 +442,10 @@ impl ModelQueue {
     /// until a leader takes it along (`Ok(false)`); or leaves the line
     /// refused.
     fn admit_in_turn(&self, ask: Ask, member: Option<&Arc<Member>>) -> Result<bool, Refused> {
+        // This thread is about to wait: on a worker of the agent's pool,
+        // make sure another one reads the connections meanwhile (the
+        // requests behind this one, a batch's members among them).
+        crate::reactor::will_block();
         let p = &self.policy;
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if p.max_queue != 0 && s.waiters.len() >= p.max_queue {

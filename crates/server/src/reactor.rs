@@ -25,9 +25,15 @@
 //! so on while they stay stuck. Workers that cycle through many short tasks
 //! (a burst of hang-ups, say) keep coming back and get no help they do not
 //! need; a ready connection waits at most about [`GROW_AFTER`] behind long
-//! ones. A worker that finishes a task while [`spare`] others already wait
-//! exits, and one with nothing to do for [`RETIRE_AFTER`] exits too, down
-//! to [`MIN_WORKERS`].
+//! ones. A worker about to wait for something other than its connection
+//! (a request waiting in its model's queue, or in a batch) calls
+//! [`will_block`]: if no other worker waits for connections, one more
+//! starts at once rather than after [`GROW_AFTER`], so the requests a batch
+//! is made of can all be read. A worker that waits for tasks while
+//! [`spare`] others already wait exits after [`SURPLUS_RETIRE`] without
+//! one (a pool grown for a load keeps its workers while the load lasts,
+//! instead of starting them again for every batch), and one with nothing
+//! to do for [`RETIRE_AFTER`] exits too, down to [`MIN_WORKERS`].
 
 use rustix::event::epoll::{self, Event, EventData, EventFlags};
 use rustix::event::{eventfd, EventfdFlags};
@@ -46,6 +52,33 @@ pub const RETIRE_AFTER: Duration = Duration::from_secs(10);
 /// How long every worker must have been busy, with none coming back to
 /// wait, before the pool grows by one.
 pub const GROW_AFTER: Duration = Duration::from_micros(100);
+/// A worker beyond the [`spare`] ones waiting for tasks exits after this
+/// long without one.
+pub const SURPLUS_RETIRE: Duration = Duration::from_millis(200);
+
+thread_local! {
+    /// The pool this thread works for (workers only).
+    static POOL: std::cell::RefCell<std::sync::Weak<Inner>> =
+        const { std::cell::RefCell::new(std::sync::Weak::new()) };
+}
+
+/// Called by a worker about to block on something other than its
+/// connection (the model's queue): when no other worker waits for ready
+/// connections, starts one now, so ready connections are not left
+/// unread while this one waits. Does nothing on other threads.
+pub fn will_block() {
+    let Some(inner) = POOL.with(|p| p.borrow().upgrade()) else {
+        return;
+    };
+    if inner.waiting.load(Ordering::SeqCst) == 0
+        && !inner.closing.load(Ordering::SeqCst)
+        && inner.workers.load(Ordering::SeqCst) < inner.max_workers
+    {
+        if let Err(e) = Inner::spawn_worker(&inner) {
+            eprintln!("tensorwire agent: cannot start a worker thread: {e}");
+        }
+    }
+}
 
 /// Workers that may wait for tasks at once: one that finishes a task while
 /// this many others wait exits at once (the minimum plus one per CPU).
@@ -243,28 +276,37 @@ impl Inner {
 
     /// One worker: wait for a ready task, run it, park or drop it, repeat.
     fn work(self: Arc<Self>) {
-        let idle = rustix::time::Timespec {
-            tv_sec: self.retire_after.as_secs() as i64,
-            tv_nsec: i64::from(self.retire_after.subsec_nanos()),
+        POOL.with(|p| *p.borrow_mut() = Arc::downgrade(&self));
+        let timespec = |d: Duration| rustix::time::Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
         };
+        let idle = timespec(self.retire_after);
+        let surplus = timespec(self.retire_after.min(SURPLUS_RETIRE));
         let mut events = [Event {
             flags: EventFlags::empty(),
             data: EventData::new_u64(STOP_KEY),
         }];
         loop {
-            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let others = self.waiting.fetch_add(1, Ordering::SeqCst);
             self.returns.fetch_add(1, Ordering::Relaxed);
+            let timeout = if others >= self.spare {
+                &surplus
+            } else {
+                &idle
+            };
             // One event per wait: a worker never holds on to a ready
             // connection that another worker could be serving.
-            let n = epoll::wait(&self.epoll, &mut events[..], Some(&idle));
+            let n = epoll::wait(&self.epoll, &mut events[..], Some(timeout));
             let still_waiting = self.waiting.fetch_sub(1, Ordering::SeqCst) - 1;
             if self.closing.load(Ordering::SeqCst) {
                 break;
             }
             match n {
-                // Nothing for `retire_after`: leave, unless this was the last
-                // worker waiting (the others are busy and would have nobody
-                // to notice the next connection).
+                // Nothing for `retire_after` (or, beyond the spare
+                // workers, for `SURPLUS_RETIRE`): leave, unless this was the
+                // last worker waiting (the others are busy and would have
+                // nobody to notice the next connection).
                 Ok(0) if still_waiting > 0 && self.retire() => return,
                 Ok(0) => continue,
                 Ok(_) => {}
@@ -295,9 +337,6 @@ impl Inner {
                     let _ = epoll::delete(&self.epoll, task.fd());
                     drop(task);
                 }
-            }
-            if self.waiting.load(Ordering::SeqCst) >= self.spare && self.retire() {
-                return;
             }
         }
         self.workers.fetch_sub(1, Ordering::SeqCst);

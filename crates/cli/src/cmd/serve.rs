@@ -10,8 +10,10 @@ use std::time::Duration;
 /// Arguments of `serve`. Flags add to (or override) the config file.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A model to serve, as NAME=PATH.onnx (repeatable).
-    #[arg(long = "model", value_name = "NAME=PATH")]
+    /// A model to serve, as NAME=PATH.onnx (repeatable), optionally with
+    /// `;KEY=VALUE` settings of a config file's `[[model]]` table, e.g.
+    /// 'digits=m.onnx;max_batch=32;max_queue_delay_us=200;instances=2'.
+    #[arg(long = "model", value_name = "NAME=PATH[;KEY=VALUE...]")]
     models: Vec<String>,
     /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0],
     /// shm://name, grpc://host:port for the KServe v2 gRPC front door, or
