@@ -195,5 +195,6 @@ fn to_row(suite: &str, name: &str, remote: bool, reps: &[RunReport], noises: &[f
         cdf: merged.cdf(CDF_QUANTILES),
         noise_cpu_pct: noise,
         note,
+        batching: None,
     }
 }

@@ -20,6 +20,8 @@
 //!   page) and the child processes they run in;
 //! - [`stats`]: nearest-rank summaries and the spread over repeats;
 //! - [`results`]: the rows a run produces and `results.json` / `results.csv`;
+//! - [`batching`]: the `batching` suite's settings, the agent's statistics
+//!   (mean batch) and the engine's offline throughput on pre-formed batches;
 //! - [`report`], [`plot`], [`console`]: `report.md`, the SVG/PNG figures, and
 //!   what is printed while running.
 //!
@@ -27,6 +29,7 @@
 //! in-process baseline, the raw floors, the gRPC and ttrpc peers), workloads and suites that tie these
 //! together are in [`target`], [`workload`] and [`suite`].
 
+pub mod batching;
 pub mod caller;
 pub mod child;
 pub mod classify;

@@ -296,6 +296,7 @@ pub fn aggregate(key: &RowKey, target: &RunningTarget, load: &Load, repeats: &[R
         cdf: merged.cdf(CDF_QUANTILES),
         noise_cpu_pct: noise,
         note,
+        batching: None,
     }
 }
 

@@ -345,6 +345,20 @@ type GroupKey = (String, u64, String);
 /// One suite: its groups, their ratios, and the stage breakdown.
 fn write_suite(out: &mut String, suite: &str, rows: &[Row]) {
     let _ = writeln!(out, "## Suite `{suite}`\n");
+    let batching = crate::batching::tables(rows);
+    if !batching.is_empty() {
+        let _ = writeln!(
+            out,
+            "Dynamic batching off against on, the same model and transport. rps: \
+             completed requests per second (median over repeats); mean batch: \
+             requests per engine run from the agent's statistics (warm-up \
+             included); offline rps: ONNX Runtime in this process on pre-formed \
+             batches of B = the mean batch, rounded (rows per second); \
+             on/offline: how much of the engine's batched throughput the agent \
+             delivered.\n"
+        );
+        out.push_str(&batching);
+    }
     let mut keys: Vec<GroupKey> = Vec::new();
     for r in rows {
         let k = (r.model.clone(), r.tensor_bytes, r.load.clone());

@@ -89,6 +89,11 @@ pub struct Row {
     pub noise_cpu_pct: f64,
     /// Free-form remarks (e.g. "noisy: other processes used 40% of a core").
     pub note: String,
+    /// Dynamic batching figures (`batching` suite only): their fields sit
+    /// in the row itself (`batching`, `max_batch`, `mean_batch`,
+    /// `offline_rps`, ...), absent from other rows.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub batching: Option<crate::batching::BatchingFigures>,
 }
 
 /// Facts about the machine a run was made on.
@@ -284,6 +289,7 @@ pub(crate) mod tests {
             cdf: vec![[0.5, 15.0], [0.99, 25.0]],
             noise_cpu_pct: 1.0,
             note: String::new(),
+            batching: None,
         }
     }
 

@@ -14,8 +14,14 @@
 //!   every transport, 1 → 16 clients, with the stage breakdown (Hanafy et
 //!   al.);
 //! - [`load_sweep`]: open-loop Poisson load swept up to and past each
-//!   target's capacity, mean and p99 against offered load (SplitRPC).
+//!   target's capacity, mean and p99 against offered load (SplitRPC);
+//! - [`batching`]: dynamic batching off against on (LeNet, the tweet
+//!   classifier, MobileNetV2 over shm and unix, closed loop 1 → 64 clients
+//!   and an open-loop sweep), each row with the mean batch the agent ran
+//!   and the engine's own throughput on batches that size
+//!   ([`crate::batching`]).
 
+use crate::batching::{self as batch, BatchConfig, BatchingFigures, OfflineBounds, OfflineCache};
 use crate::caller::BenchError;
 use crate::console::Console;
 use crate::load::{Bounds, Load};
@@ -116,8 +122,9 @@ pub fn run_plan(
     };
     let mut rows = Vec::new();
     let mut result = Ok(());
+    let mut offline = OfflineCache::new();
     for part in &plan.parts {
-        result = run_part(&plan.suite, part, env, console, &mut rows);
+        result = run_part(&plan.suite, part, env, console, &mut rows, &mut offline);
         if result.is_err() {
             break;
         }
@@ -147,7 +154,9 @@ fn run_part(
     env: &BenchEnv,
     console: &mut Console,
     rows: &mut Vec<Row>,
+    offline: &mut OfflineCache,
 ) -> Result<(), BenchError> {
+    let first_row = rows.len();
     let mut running: Vec<RunningTarget> = Vec::new();
     for spec in &part.targets {
         console.begin(&format!(
@@ -167,7 +176,29 @@ fn run_part(
     let result = measure_part(suite, part, &running, env, console, rows);
     let stopped = stop_all(running);
     result?;
-    stopped
+    stopped?;
+    // Batching rows: the engine's own throughput at each row's mean batch,
+    // measured here with the agents stopped.
+    if rows[first_row..].iter().any(|r| r.batching.is_some()) {
+        let bounds = OfflineBounds {
+            duration: part
+                .bounds
+                .duration
+                .unwrap_or(Duration::from_secs(1))
+                .min(Duration::from_secs(1)),
+            runs: 5000,
+            repeats: part.repeats,
+        };
+        batch::fill_offline(
+            &mut rows[first_row..],
+            &part.workload,
+            env.intra_threads,
+            &bounds,
+            offline,
+            &mut |what| console.begin(what),
+        )?;
+    }
+    Ok(())
 }
 
 fn stop_all(running: Vec<RunningTarget>) -> Result<(), BenchError> {
@@ -249,6 +280,10 @@ fn measure_part(
             loads.push(load.filter(|l| measure::supports(t.spec.framework, l)));
         }
         let mut reps: Vec<Vec<Repeat>> = (0..running.len()).map(|_| Vec::new()).collect();
+        // Batching targets: the mean batch of each repeat, from the agent's
+        // statistics read around it.
+        let mut batches: Vec<Vec<Option<f64>>> = (0..running.len()).map(|_| Vec::new()).collect();
+        let model = part.workload.model_name();
         for rep in 0..part.repeats {
             for (i, t) in running.iter().enumerate() {
                 let Some(load) = &loads[i] else { continue };
@@ -263,7 +298,20 @@ fn measure_part(
                     rep + 1,
                     part.repeats
                 ));
+                let counts = |t: &RunningTarget| {
+                    t.stats_uri
+                        .as_deref()
+                        .and_then(|uri| batch::read_counts(uri, model).ok())
+                };
+                let before = counts(t);
                 reps[i].push(measure::measure_once(t, load, &part.bounds, env)?);
+                if t.spec.batching.is_some() {
+                    batches[i].push(
+                        before
+                            .zip(counts(t))
+                            .and_then(|(b, a)| batch::mean_batch(b, a)),
+                    );
+                }
             }
         }
         for (i, t) in running.iter().enumerate() {
@@ -274,7 +322,22 @@ fn measure_part(
                 tensor_bytes: t.tensor_bytes,
                 warmup: part.bounds.warmup,
             };
-            let row = measure::aggregate(&key, t, load, &reps[i]);
+            let mut row = measure::aggregate(&key, t, load, &reps[i]);
+            if let Some(config) = t.spec.batching {
+                let fraction = match load_spec {
+                    LoadSpec::OfCapacity { fraction, .. } => Some(*fraction),
+                    LoadSpec::Fixed(_) => None,
+                };
+                let mean = batch::median_batch(&batches[i]);
+                if mean.is_none() {
+                    if !row.note.is_empty() {
+                        row.note.push_str("; ");
+                    }
+                    row.note
+                        .push_str("the agent's statistics could not be read");
+                }
+                row.batching = Some(BatchingFigures::new(config, mean, fraction));
+            }
             console.row(&row);
             rows.push(row);
         }
@@ -305,7 +368,7 @@ pub fn built_model(root: &Path, name: &str) -> Result<PathBuf, BenchError> {
 }
 
 /// The named suites.
-pub const SUITES: &[&str] = &["vaccel", "breakdown", "load"];
+pub const SUITES: &[&str] = &["vaccel", "breakdown", "load", "batching"];
 
 /// The plan of suite `name` (quick = the ≤ 1 minute version).
 pub fn suite(name: &str, root: &Path, quick: bool) -> Result<Plan, BenchError> {
@@ -313,6 +376,7 @@ pub fn suite(name: &str, root: &Path, quick: bool) -> Result<Plan, BenchError> {
         "vaccel" => Ok(vaccel(quick)),
         "breakdown" => breakdown(root, quick),
         "load" => load_sweep(root, quick),
+        "batching" => batching(root, quick),
         other => Err(BenchError::new(format!(
             "unknown suite '{other}' (available: {})",
             SUITES.join(", ")
@@ -472,6 +536,101 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
     })
 }
 
+/// Dynamic batching off against on: each model served over shm and unix
+/// by an agent with [`BatchConfig::OFF`] and one with [`BatchConfig::ON`]
+/// (four targets, interleaved), closed loop 1, 4, 16, 64 clients and an
+/// open-loop Poisson sweep at fractions of each target's capacity over 16
+/// connections. Quick: LeNet at 1 and 16 clients, MobileNetV2 at 16.
+pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
+    let model = |name: &str, file: &str, dyn_dim: u64| -> Result<Workload, BenchError> {
+        Ok(Workload::Model {
+            name: name.into(),
+            path: built_model(root, file)?,
+            dyn_dim,
+            files: Vec::new(),
+        })
+    };
+    let closed = |clients: &[usize]| -> Vec<LoadSpec> {
+        clients
+            .iter()
+            .map(|&c| LoadSpec::Fixed(Load::Closed { clients: c }))
+            .collect()
+    };
+    let sweep = || -> Vec<LoadSpec> {
+        [0.3, 0.6, 0.9, 1.2]
+            .iter()
+            .map(|&f| LoadSpec::OfCapacity {
+                fraction: f,
+                arrival: Arrival::Poisson,
+                connections: 16,
+            })
+            .collect()
+    };
+    // (workload, loads, warm-up calls per client): LeNet runs in tens of
+    // µs, MobileNetV2 and the classifier in milliseconds (64 clients × a
+    // few warm-up runs each already take seconds).
+    let mut parts: Vec<(Workload, Vec<LoadSpec>, u64)> = Vec::new();
+    if quick {
+        parts.push((
+            model("lenet", "lenet_digits.onnx", 1)?,
+            closed(&[1, 16]),
+            50,
+        ));
+        parts.push((
+            model("mobilenetv2", "mobilenetv2.onnx", 1)?,
+            closed(&[16]),
+            2,
+        ));
+    } else {
+        let all = |mut l: Vec<LoadSpec>| {
+            l.extend(sweep());
+            l
+        };
+        parts.push((
+            model("lenet", "lenet_digits.onnx", 1)?,
+            all(closed(&[1, 4, 16, 64])),
+            200,
+        ));
+        // The tweet classifier at a fixed sequence length (as the
+        // breakdown suite feeds MiniLM): requests of one shape batch.
+        parts.push((
+            model("tweet-classifier", "tweet_classifier.onnx", 64)?,
+            all(closed(&[1, 4, 16, 64])),
+            2,
+        ));
+        parts.push((
+            model("mobilenetv2", "mobilenetv2.onnx", 1)?,
+            all(closed(&[1, 4, 16, 64])),
+            2,
+        ));
+    }
+    let mut targets = Vec::new();
+    for net in [Net::Shm, Net::Unix] {
+        for config in [BatchConfig::OFF, BatchConfig::ON] {
+            targets.push(TargetSpec::batching(net, config));
+        }
+    }
+    Ok(Plan {
+        suite: "batching".into(),
+        pin_by_default: false,
+        parts: parts
+            .into_iter()
+            .map(|(workload, loads, warmup)| Part {
+                workload,
+                targets: targets.clone(),
+                loads,
+                bounds: Bounds {
+                    warmup,
+                    duration: Some(Duration::from_millis(if quick { 400 } else { 1500 })),
+                    requests: None,
+                },
+                repeats: 3,
+            })
+            .collect(),
+        classifier: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,6 +644,33 @@ mod tests {
         for p in &v.parts {
             assert!(p.repeats >= 3);
             assert!(p.bounds.duration.is_some());
+        }
+        assert!(SUITES.contains(&"batching"));
+        for quick in [true, false] {
+            let b = batching(&root, quick).expect("the models are built");
+            assert_eq!(b.suite, "batching");
+            for p in &b.parts {
+                assert!(p.repeats >= 3);
+                assert!(p.bounds.duration.is_some());
+                // Off and on on each transport, interleaved in one part.
+                let on = p
+                    .targets
+                    .iter()
+                    .filter(|t| t.batching == Some(BatchConfig::ON));
+                let off = p
+                    .targets
+                    .iter()
+                    .filter(|t| t.batching == Some(BatchConfig::OFF));
+                assert_eq!((on.count(), off.count()), (2, 2));
+            }
+            let models: Vec<String> = b.parts.iter().map(|p| p.workload.label()).collect();
+            if quick {
+                assert_eq!(models, ["lenet", "mobilenetv2"]);
+                let measurements: usize = b.parts.iter().map(|p| p.loads.len()).sum();
+                assert!(measurements <= 3, "quick stays within a minute or two");
+            } else {
+                assert_eq!(models, ["lenet", "tweet-classifier", "mobilenetv2"]);
+            }
         }
     }
 }

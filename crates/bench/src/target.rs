@@ -140,6 +140,11 @@ pub struct TargetSpec {
     /// An already running tensorwire agent to measure instead of starting
     /// one (`--connect URI`).
     pub connect: Option<String>,
+    /// Start the agent with these dynamic batching settings on its model,
+    /// and with an HTTP door whose statistics give the mean batch
+    /// ([`crate::batching`]); `None`: a plain agent. Native transports
+    /// (`shm`, `unix`, `tcp`) and model workloads only.
+    pub batching: Option<crate::batching::BatchConfig>,
 }
 
 impl TargetSpec {
@@ -149,16 +154,29 @@ impl TargetSpec {
             framework,
             net,
             connect: None,
+            batching: None,
+        }
+    }
+
+    /// tensorwire on `net` with its model's batching set to `batching`.
+    pub fn batching(net: Net, batching: crate::batching::BatchConfig) -> TargetSpec {
+        TargetSpec {
+            batching: Some(batching),
+            ..TargetSpec::new(Framework::Tensorwire, net)
         }
     }
 
     /// Its name in tables: `tensorwire shm`, `raw unix`, `grpc tcp`,
-    /// `in-process`, `tensorwire @ URI`.
+    /// `in-process`, `tensorwire @ URI`, `tensorwire shm batching=on`.
     pub fn label(&self) -> String {
-        match (&self.connect, self.framework) {
+        let base = match (&self.connect, self.framework) {
             (Some(uri), _) => format!("tensorwire @ {uri}"),
             (None, Framework::Local) => "in-process".to_string(),
             (None, f) => format!("{} {}", f.name(), self.net.name()),
+        };
+        match &self.batching {
+            Some(b) => format!("{base} batching={}", b.name()),
+            None => base,
         }
     }
 
@@ -275,6 +293,10 @@ pub struct RunningTarget {
     pub factory: Option<Arc<CallerFactory>>,
     /// Request bytes of the workload (the raw floor moves as many).
     pub tensor_bytes: u64,
+    /// The agent's KServe HTTP door (`http://127.0.0.1:PORT`), where its
+    /// statistics are read; only for targets with
+    /// [`TargetSpec::batching`].
+    pub stats_uri: Option<String>,
     server: Server,
 }
 
@@ -351,6 +373,7 @@ fn start_unpinned(
                 spec: spec.clone(),
                 factory: Some(factory),
                 tensor_bytes,
+                stats_uri: None,
                 server: Server::None,
             })
         }
@@ -362,6 +385,7 @@ fn start_unpinned(
                 spec: spec.clone(),
                 factory: None,
                 tensor_bytes: bytes_of(backend.signature())?,
+                stats_uri: None,
                 server: Server::None,
             })
         }
@@ -388,9 +412,15 @@ fn start_tensorwire(
     if spec.net.is_front_door() || spec.connect.as_deref().is_some_and(is_front_door_uri) {
         return start_front_door(spec, workload, env);
     }
-    let (uri, server) = match &spec.connect {
-        Some(uri) => (uri.clone(), Server::None),
-        None => {
+    let mut stats_uri = None;
+    let (uri, server) = match (&spec.connect, &spec.batching) {
+        (Some(uri), _) => (uri.clone(), Server::None),
+        (None, Some(batching)) => {
+            let (proc, stats) = start_batching_agent(spec, *batching, workload, env)?;
+            stats_uri = Some(stats);
+            (proc.uri().to_string(), Server::Child(proc))
+        }
+        (None, None) => {
             let transport = match spec.net {
                 Net::Inproc => Transport::Inproc,
                 Net::Shm => Transport::Shm,
@@ -428,8 +458,75 @@ fn start_tensorwire(
         spec: spec.clone(),
         factory: Some(factory),
         tensor_bytes,
+        stats_uri,
         server,
     })
+}
+
+/// A `tensorwire serve` child for a batching target: the native `--listen`
+/// of `spec.net`, an HTTP door on a free loopback port for its statistics,
+/// and `--model NAME=PATH[;max_batch=..;max_queue_delay_us=..]`. Returns
+/// the process (its URI is the native one: the agent prints its endpoints
+/// before its doors) and the door's `http://127.0.0.1:PORT`.
+fn start_batching_agent(
+    spec: &TargetSpec,
+    batching: crate::batching::BatchConfig,
+    workload: &Workload,
+    env: &BenchEnv,
+) -> Result<(AgentProcess, String), BenchError> {
+    let transport = match spec.net {
+        Net::Shm => Transport::Shm,
+        Net::Unix => Transport::Unix,
+        Net::Tcp { nodelay } => Transport::Tcp { nodelay },
+        other => {
+            return Err(BenchError::new(format!(
+                "batching targets run a child agent on shm, unix or tcp, not {}",
+                other.name()
+            )))
+        }
+    };
+    let Some(path) = workload.model_path() else {
+        return Err(BenchError::new(
+            "batching targets need an ONNX model (the identity model has no settings)",
+        ));
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("tw-batch-")
+        .tempdir()
+        .map_err(|e| BenchError::new(format!("temporary directory: {e}")))?;
+    // A free port, chosen here (the agent prints the door's URI after the
+    // native one, which is the only line the child's start reads).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| BenchError::new(format!("a free loopback port: {e}")))?
+        .port();
+    let stats_uri = format!("http://127.0.0.1:{port}");
+    let mut args: Vec<OsString> = vec![
+        "serve".into(),
+        "--listen".into(),
+        listen_uri(transport, &dir).into(),
+        "--listen".into(),
+        stats_uri.clone().into(),
+        "--intra-threads".into(),
+        env.intra_threads.to_string().into(),
+        "--model".into(),
+        batching.model_arg(workload.model_name(), path),
+    ];
+    if let Some(spin) = env.spin {
+        for flag in ["--socket-spin-us", "--shm-spin-us"] {
+            args.push(flag.into());
+            args.push(spin.as_micros().to_string().into());
+        }
+    }
+    let proc = AgentProcess::spawn(
+        &spec.label(),
+        &env.exe,
+        &args,
+        dir,
+        classifier::agents::START_TIMEOUT,
+    )
+    .map_err(|e| BenchError::new(e.to_string()))?;
+    Ok((proc, stats_uri))
 }
 
 /// An agent serving only the built-in identity model.
@@ -679,6 +776,7 @@ fn kserve_target(
         spec: spec.clone(),
         factory: Some(Arc::new(make)),
         tensor_bytes,
+        stats_uri: None,
         server,
     })
 }

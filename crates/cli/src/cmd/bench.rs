@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 /// Arguments of `bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run a named suite (vaccel, breakdown, load) instead of the options
-    /// below; each regenerates one published experiment.
+    /// Run a named suite (vaccel, breakdown, load, batching) instead of the
+    /// options below; each regenerates one published experiment (batching:
+    /// dynamic batching off against on).
     #[arg(long)]
     suite: Option<String>,
     /// The ≤ 1 minute version of a suite (fewer models, shorter rows).
@@ -242,6 +243,7 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
             framework: Framework::Tensorwire,
             net: target::Net::None,
             connect: Some(uri.clone()),
+            batching: None,
         }],
         None => {
             let nets = target::parse_transports(&a.transports)?;
