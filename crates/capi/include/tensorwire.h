@@ -403,6 +403,31 @@ enum tw_status tw_model_lookup(const struct tw_client *client,
 void tw_model_free(struct tw_model *model);
 
 /**
+ * Sets the priority level of the model's later requests through this
+ * handle: 1 is the highest, up to the model's `priority_levels`; 0 (the
+ * default) is the model's default level. A level the model does not have
+ * is refused by the agent, per request (`TW_ERR_INVALID_INPUT`).
+ *
+ * # Safety
+ * `model` is NULL or a live model that no other thread uses during the
+ * call.
+ */
+enum tw_status tw_model_set_priority(struct tw_model *model, uint8_t level);
+
+/**
+ * Sets how long the model's later requests through this handle may wait
+ * in the agent's queue, in µs: past it a request is answered
+ * `TW_ERR_TIMEOUT` without being computed (the model's own default
+ * timeout, when it has one, caps it). 0 (the default): the model's
+ * default.
+ *
+ * # Safety
+ * `model` is NULL or a live model that no other thread uses during the
+ * call.
+ */
+enum tw_status tw_model_set_queue_timeout_us(struct tw_model *model, uint32_t timeout_us);
+
+/**
  * The model's name (valid as long as the model), or NULL if `model` is
  * NULL.
  *

@@ -331,6 +331,7 @@ mod tests {
     use crate::error::last_error;
     use crate::model::{
         tw_model_input, tw_model_lookup, tw_model_num_inputs, tw_model_num_outputs,
+        tw_model_set_priority, tw_model_set_queue_timeout_us,
     };
     use crate::testing::{Conn, TestAgent};
     use crate::types::{TwTensorInfo, TW_DTYPE_F32, TW_DTYPE_I64, TW_DTYPE_U8, TW_MAX_DIMS};
@@ -360,6 +361,36 @@ mod tests {
             len: 0,
             capacity: std::mem::size_of_val(buf),
         }
+    }
+
+    #[test]
+    fn priority_and_queue_timeout_reach_the_agent() {
+        let agent = TestAgent::start();
+        let c = Conn::open(&agent.inproc);
+        let m = c.model("identity");
+        let x = [1u8, 2, 3];
+        let ins = [input(TW_DTYPE_U8, &[3], &x)];
+        let call = || {
+            let mut o = [0u8; 3];
+            let mut outs = [output(&mut o)];
+            // SAFETY: live model; arrays and buffers valid for their lengths.
+            unsafe { tw_infer(m.0, ins.as_ptr(), 1, outs.as_mut_ptr(), 1) }
+        };
+        // identity has one priority level: level 2 is refused by the agent,
+        // so the setting travels with the request.
+        // SAFETY: a live model no other thread uses.
+        assert_eq!(unsafe { tw_model_set_priority(m.0, 2) }, TwStatus::TW_OK);
+        assert_eq!(call(), TwStatus::TW_ERR_INVALID_INPUT);
+        assert!(last_error().contains("priority 2"), "{}", last_error());
+        // SAFETY: as above.
+        assert_eq!(unsafe { tw_model_set_priority(m.0, 1) }, TwStatus::TW_OK);
+        // SAFETY: as above.
+        let s = unsafe { tw_model_set_queue_timeout_us(m.0, 5_000_000) };
+        assert_eq!(s, TwStatus::TW_OK);
+        assert_eq!(call(), TwStatus::TW_OK, "{}", last_error());
+        // SAFETY: NULL is refused, not dereferenced.
+        let s = unsafe { tw_model_set_priority(std::ptr::null_mut(), 1) };
+        assert_eq!(s, TwStatus::TW_ERR_NULL_ARGUMENT);
     }
 
     #[test]

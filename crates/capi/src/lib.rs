@@ -70,7 +70,8 @@ pub use error::tw_last_error;
 pub use infer::{tw_infer, tw_submit, tw_ticket_free, tw_wait, TwTicket};
 pub use model::{
     tw_model_free, tw_model_input, tw_model_lookup, tw_model_name, tw_model_num_inputs,
-    tw_model_num_outputs, tw_model_output, TwModel,
+    tw_model_num_outputs, tw_model_output, tw_model_set_priority, tw_model_set_queue_timeout_us,
+    TwModel,
 };
 pub use status::{tw_status_name, TwStatus};
 pub use types::{

@@ -1,8 +1,9 @@
 //! Models: `tw_model_lookup` looks one up by name on a client ([`TwModel`], a
-//! [`client::Model`]), and the accessors read its signature (name, inputs,
-//! outputs).
+//! [`client::Model`]), the accessors read its signature (name, inputs,
+//! outputs), and two setters say what its later requests ask of the
+//! agent's queue (priority level, queue timeout).
 
-use crate::args::{arg_out, arg_ref, arg_str};
+use crate::args::{arg_mut, arg_out, arg_ref, arg_str};
 use crate::client::TwClient;
 use crate::error::{guard, guard_value, Failure};
 use crate::status::TwStatus;
@@ -81,6 +82,49 @@ pub unsafe extern "C" fn tw_model_free(model: *mut TwModel) {
             // before (the caller's contract).
             drop(unsafe { Box::from_raw(model) });
         }
+        Ok(())
+    })
+}
+
+/// Sets the priority level of the model's later requests through this
+/// handle: 1 is the highest, up to the model's `priority_levels`; 0 (the
+/// default) is the model's default level. A level the model does not have
+/// is refused by the agent, per request (`TW_ERR_INVALID_INPUT`).
+///
+/// # Safety
+/// `model` is NULL or a live model that no other thread uses during the
+/// call.
+#[no_mangle]
+pub unsafe extern "C" fn tw_model_set_priority(model: *mut TwModel, level: u8) -> TwStatus {
+    guard(|| {
+        // SAFETY: the caller's contract on `model`.
+        let m = unsafe { arg_mut(model, "model") }?;
+        m.model = m.model.clone().with_priority(level);
+        Ok(())
+    })
+}
+
+/// Sets how long the model's later requests through this handle may wait
+/// in the agent's queue, in µs: past it a request is answered
+/// `TW_ERR_TIMEOUT` without being computed (the model's own default
+/// timeout, when it has one, caps it). 0 (the default): the model's
+/// default.
+///
+/// # Safety
+/// `model` is NULL or a live model that no other thread uses during the
+/// call.
+#[no_mangle]
+pub unsafe extern "C" fn tw_model_set_queue_timeout_us(
+    model: *mut TwModel,
+    timeout_us: u32,
+) -> TwStatus {
+    guard(|| {
+        // SAFETY: the caller's contract on `model`.
+        let m = unsafe { arg_mut(model, "model") }?;
+        m.model = m
+            .model
+            .clone()
+            .with_queue_timeout(std::time::Duration::from_micros(timeout_us.into()));
         Ok(())
     })
 }
