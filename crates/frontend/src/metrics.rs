@@ -57,6 +57,10 @@ struct Family {
 
 const MODEL: &[&str] = &["model", "version"];
 const MODEL_TRANSPORT: &[&str] = &["model", "version", "transport"];
+const MODEL_COPY: &[&str] = &["model", "version", "kind"];
+/// The `kind` values of `tensorwire_batch_copy_bytes_total`, in
+/// [`model_metrics`]' order.
+const COPY_KINDS: [&str; 3] = ["staged", "gathered", "output"];
 
 const fn family(
     name: &'static str,
@@ -147,6 +151,26 @@ const FAMILIES: &[Family] = &[
         "Requests that waited their whole queue timeout and were not computed",
         COUNTER,
         MODEL,
+    ),
+    family(
+        "tensorwire_batches_total",
+        "Engine runs that served more than one request (dynamic batching)",
+        COUNTER,
+        MODEL,
+    ),
+    family(
+        "tensorwire_batched_requests_total",
+        "Requests served in those runs (mean batch = this / tensorwire_batches_total)",
+        COUNTER,
+        MODEL,
+    ),
+    family(
+        "tensorwire_batch_copy_bytes_total",
+        "Bytes the batcher copied: inputs staged into tensor queues (staged), batches gathered \
+         because their members were not back to back (gathered), output rows copied out of a \
+         batch (output)",
+        COUNTER,
+        MODEL_COPY,
     ),
     family(
         "tensorwire_request_duration_seconds",
@@ -291,6 +315,16 @@ fn model_metrics(i: usize, s: &StatsSnapshot, q: &QueueStats) -> Vec<Metric> {
         "nv_inference_pending_request_count" => one(gauge(q.waiting as f64)),
         "tensorwire_queue_overloaded_total" => one(counter(q.overloaded as f64)),
         "tensorwire_queue_timeouts_total" => one(counter(q.timed_out as f64)),
+        "tensorwire_batches_total" => one(counter(s.batches as f64)),
+        "tensorwire_batched_requests_total" => one(counter(s.batched_requests as f64)),
+        "tensorwire_batch_copy_bytes_total" => [
+            s.batch_staged_bytes,
+            s.batch_gathered_bytes,
+            s.batch_output_bytes,
+        ]
+        .iter()
+        .map(|&b| counter(b as f64))
+        .collect(),
         "tensorwire_request_duration_seconds" => one(histogram(&s.request_hist, s.success.ns)),
         "tensorwire_queue_duration_seconds" => one(histogram(&s.queue_hist, s.queue.ns)),
         "tensorwire_compute_duration_seconds" => {
@@ -332,6 +366,8 @@ impl Collector for CoreCollector {
                     let mut pairs = vec![("model", name), ("version", version.as_str())];
                     if with_transport {
                         pairs.push(("transport", Via::ALL[j].name()));
+                    } else if FAMILIES[i].labels == MODEL_COPY {
+                        pairs.push(("kind", COPY_KINDS[j]));
                     }
                     m.set_label(labels(&pairs));
                     mf.mut_metric().push(m);
@@ -684,6 +720,13 @@ mod tests {
             1.0
         );
         assert!(text.contains("# TYPE tensorwire_queue_overloaded_total counter"));
+        // No batching on this model: the batch families are there, at 0.
+        assert_eq!(sample(&text, &format!("tensorwire_batches_total{q}")), 0.0);
+        let staged = r#"{model="q",version="1",kind="staged"}"#;
+        assert_eq!(
+            sample(&text, &format!("tensorwire_batch_copy_bytes_total{staged}")),
+            0.0
+        );
     }
 
     #[test]
