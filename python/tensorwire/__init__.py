@@ -22,6 +22,7 @@ Every failure raises a subclass of :class:`TensorwireError`.
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import threading
 import weakref
@@ -439,6 +440,33 @@ def _find_onnxruntime() -> None:
             return
 
 
+def _toml_value(name: str, key: str, v: Any) -> str:
+    """``v`` as a TOML value (what ``--model NAME=PATH;KEY=VALUE`` takes)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(name, key, x) for x in v) + "]"
+    raise AgentError(f"model {name!r}: setting {key!r} is a {type(v).__name__}, "
+                     "not a number, bool, string or list")
+
+
+def _model_flag(name: str, v: Any) -> str:
+    """A ``models`` value as ``PATH[;KEY=VALUE...]``."""
+    if not isinstance(v, Mapping):
+        return str(v)
+    if "path" not in v:
+        raise AgentError(f"model {name!r}: its settings need the ONNX file as 'path'")
+    path = str(v["path"])
+    if ";" in path:
+        raise AgentError(f"model {name!r}: a path with settings may not contain ';': {path!r}")
+    opts = [f"{k}={_toml_value(name, str(k), x)}" for k, x in v.items() if k != "path"]
+    return ";".join([path, *opts])
+
+
 class Agent:
     """A tensorwire agent inside this Python process: the one
     ``tensorwire serve`` runs, with the same models and endpoints.
@@ -446,7 +474,15 @@ class Agent:
         agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
                          listen=["shm://demo", "unix:///tmp/tw.sock"])
 
-    ``models``: name -> ONNX file (``identity`` is always served).
+    ``models``: name -> ONNX file (``identity`` is always served), or name
+    -> a dict with the file as ``"path"`` and any settings of a config
+    file's ``[[model]]`` table (batching, instances, queue):
+
+        agent = tw.Agent(models={"digits": {"path": "models/build/digits_mlp.onnx",
+                                            "max_batch": 32,
+                                            "max_queue_delay_us": 200}},
+                         listen=["shm://demo"])
+
     ``listen``: endpoints, ``inproc://name`` included (for clients in this
     process), and the KServe v2 front doors ``grpc://HOST:PORT`` and
     ``http://HOST:PORT`` (port 0 picks a free one), which stock
@@ -478,7 +514,7 @@ class Agent:
             listen = [listen]
         if models:
             _find_onnxruntime()
-        pairs = [(str(k), str(v)) for k, v in (models or {}).items()]
+        pairs = [(str(k), _model_flag(str(k), v)) for k, v in (models or {}).items()]
         self._a = _native.Agent(pairs, list(listen), config, intra_threads, inter_threads)
 
     def __repr__(self) -> str:
