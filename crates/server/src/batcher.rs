@@ -178,6 +178,9 @@ pub(crate) struct Member {
     staged_at: u64,
     /// Set (under the queue's lock) when a leader takes it.
     taken: AtomicBool,
+    /// The condition variable it sleeps on in line (set by the queue as it
+    /// joins the line): its leader wakes it there once it is answered.
+    wake: std::sync::OnceLock<std::sync::Arc<Condvar>>,
     outcome: Mutex<Delivery>,
     answered: Condvar,
 }
@@ -247,6 +250,24 @@ impl Member {
     /// Whether a leader took it.
     pub(crate) fn is_taken(&self) -> bool {
         self.taken.load(Ordering::Acquire)
+    }
+
+    /// Records the condition variable it sleeps on in line.
+    pub(crate) fn set_wake(&self, cv: &std::sync::Arc<Condvar>) {
+        let _ = self.wake.set(cv.clone());
+    }
+
+    /// The condition variable it sleeps on in line, once it joined it.
+    pub(crate) fn wake(&self) -> Option<&Condvar> {
+        self.wake.get().map(|c| &**c)
+    }
+
+    /// Whether its leader has not answered it yet.
+    fn is_pending(&self) -> bool {
+        matches!(
+            *self.outcome.lock().unwrap_or_else(|e| e.into_inner()),
+            Delivery::Pending
+        )
     }
 
     /// Hands it its outcome, unless it has one already.
@@ -381,6 +402,7 @@ impl Batcher {
             inputs: staged,
             staged_at,
             taken: AtomicBool::new(false),
+            wake: std::sync::OnceLock::new(),
             outcome: Mutex::new(Delivery::Pending),
             answered: Condvar::new(),
         })
@@ -429,7 +451,7 @@ pub fn run(
         }
         Turn::Lead(slot) => {
             let followers = queue.take_followers(&me, &b.policy, queued_at);
-            let answers = Answers(&followers);
+            let answers = Answers(queue, &followers);
             let mut batch: Vec<&Member> = Vec::with_capacity(followers.len() + 1);
             batch.push(&me);
             batch.extend(followers.iter().map(|m| &**m));
@@ -450,6 +472,8 @@ pub fn run(
                     });
                 }
             }
+            // Wakes the members (each slept in line until now: one
+            // wake-up each).
             drop(answers);
             tl.set(Stage::ComputeStart, start);
             tl.set(Stage::ComputeEnd, end);
@@ -460,14 +484,14 @@ pub fn run(
     }
 }
 
-/// Answers, when dropped, every member not answered yet (a leader that
+/// When dropped, answers every member not answered yet (a leader that
 /// panicked between taking members and answering them must not leave them
-/// waiting forever).
-struct Answers<'a>(&'a [std::sync::Arc<Member>]);
+/// waiting forever) and wakes them all.
+struct Answers<'a>(&'a ModelQueue, &'a [std::sync::Arc<Member>]);
 
 impl Drop for Answers<'_> {
     fn drop(&mut self) {
-        for m in self.0 {
+        for m in self.1.iter().filter(|m| m.is_pending()) {
             let t = monotonic_ns();
             m.answer(Outcome {
                 result: Err(Box::new("the leader of its batch failed")),
@@ -476,6 +500,7 @@ impl Drop for Answers<'_> {
                 end: t,
             });
         }
+        self.0.wake_members(self.1);
     }
 }
 

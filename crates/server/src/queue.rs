@@ -383,10 +383,11 @@ impl ModelQueue {
             let take = chosen.iter().any(|&(seq, _)| seq == w.seq);
             if take {
                 if let Some(m) = &w.member {
+                    // Not woken now: it sleeps on until its outcome is
+                    // ready ([`wake_members`](Self::wake_members)), one
+                    // wake-up in all.
                     m.mark_taken();
                     taken.push(m.clone());
-                    // It goes on to wait for its outcome.
-                    w.wake.notify_one();
                 }
             }
             !take
@@ -396,6 +397,18 @@ impl ModelQueue {
         // Arrival order: the order their inputs were staged in.
         taken.sort_by_key(|m| m.staged_at());
         taken
+    }
+
+    /// Wakes `members`, taken by a leader that has now answered them (each
+    /// sleeps in line on its own condition variable until then, or already
+    /// waits for its outcome: then this wake is spurious and harmless).
+    pub(crate) fn wake_members(&self, members: &[Arc<Member>]) {
+        let _s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for m in members {
+            if let Some(w) = m.wake() {
+                w.notify_one();
+            }
+        }
     }
 
     /// The members in `waiters` that fit with `leader` (not past their
@@ -472,6 +485,9 @@ impl ModelQueue {
             (own, default) => own.or(default),
         };
         let wake = Arc::new(Condvar::new());
+        if let Some(m) = member {
+            m.set_wake(&wake);
+        }
         let me = Waiter {
             seq: s.next_seq,
             turn: arrived.checked_add(behind).unwrap_or(arrived),
