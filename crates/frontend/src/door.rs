@@ -122,14 +122,17 @@ impl FrontDoor {
     /// most [`INLINE_MAX_BYTES`], and the model is free now and its recent
     /// runs took at most 200 µs (known only once a request was timed: the
     /// first request, and every request of an agent that does not time
-    /// them, goes to the blocking pool). An unknown model fails at once, so
-    /// it runs here too.
+    /// them, goes to the blocking pool). A model that batches never runs
+    /// here: its request may wait out a queue delay for others, and would
+    /// hold the tokio worker (and every connection it serves) meanwhile.
+    /// An unknown model fails at once, so it runs here too.
     pub(crate) fn runs_inline(&self, name: &str, request_bytes: usize, uses_shm: bool) -> bool {
         if uses_shm || request_bytes > INLINE_MAX_BYTES {
             return false;
         }
         self.core.registry.find(name).is_none_or(|m| {
-            m.queue.has_free_run()
+            !m.batcher.policy().is_on()
+                && m.queue.has_free_run()
                 && m.stats
                     .recent_compute_ns()
                     .is_some_and(|ns| ns <= INLINE_MAX_COMPUTE_NS)

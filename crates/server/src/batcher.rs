@@ -15,23 +15,29 @@
 //! 2. Otherwise it is *staged*: each input is copied once into its
 //!    model's **tensor queue** for that input, a [`TensorRing`] (a memfd
 //!    mapped twice back to back), in arrival order; then it waits in line
-//!    as a [`Member`].
+//!    as a [`Member`]. A request that finds a queue without room (or one
+//!    that cannot be made) is not staged: it waits in line on its own
+//!    bytes and runs alone, so what the batcher holds is bounded by its
+//!    rings. A request the queue would refuse at once (full, or a priority
+//!    the model lacks) is refused before anything is copied.
 //! 3. When its turn comes it leads: it takes the compatible members behind
 //!    it ([`ModelQueue::take_followers`]: best turn first, up to
 //!    `max_batch` rows, waiting up to `max_queue_delay` for a preferred
 //!    size). Members staged back to back in every ring form the batch in
 //!    place: the ring's second mapping makes even a batch that wraps past
 //!    the ring's end one contiguous tensor, which the engine reads without
-//!    a further copy. Otherwise (priorities reordered them, a ring was
-//!    full) the batch is gathered into one buffer: a second copy, counted.
+//!    a further copy. Otherwise (priorities reordered them) the batch is
+//!    gathered into one buffer: a second copy, counted.
 //! 4. After the run each member gets its rows of each output (a copy of
 //!    those rows; an output that aliases an input — identity — is answered
 //!    by that member's own input, no copy), and is woken.
 //!
-//! A batch the engine refuses (a bad value in one request), or whose
-//! outputs are not batched along the first dimension, is run again one
-//! member at a time, so only the requests that fail alone fail, and their
-//! answer says their batch failed first.
+//! A batch the engine refuses (a bad value in one request) is split in
+//! halves and each half run again, down to single requests, so only the
+//! requests that fail alone fail (one bad request in a batch of n costs
+//! about 2·log2(n) extra runs, not n), and their answer says their batch
+//! failed first. A model whose outputs turn out not to be batched along
+//! the first dimension runs its members one at a time.
 
 use crate::queue::{Ask, ModelQueue, Refused, Turn};
 use crate::registry::ModelEntry;
@@ -50,6 +56,9 @@ pub const TENSOR_QUEUE_BYTES: usize = 64 << 20;
 
 /// The most rows a batch may have.
 pub const MAX_BATCH_LIMIT: usize = 4096;
+
+/// How long after a tensor queue could not be made none is tried again.
+const RING_RETRY: Duration = Duration::from_secs(1);
 
 /// The longest queue delay a model may set.
 pub const MAX_QUEUE_DELAY: Duration = Duration::from_secs(10);
@@ -150,10 +159,9 @@ pub struct Batcher {
     policy: BatchPolicy,
     /// Bytes of each tensor queue.
     queue_bytes: usize,
-    /// One ring per input index, made when first needed (`None` after a
-    /// ring could not be made: that input is staged in buffers). The lock
-    /// also orders staging, so members are staged in the same order in
-    /// every ring.
+    /// One ring per input index, made when first needed. The lock also
+    /// orders staging, so members are staged in the same order in every
+    /// ring.
     rings: Mutex<Staging>,
 }
 
@@ -162,6 +170,9 @@ struct Staging {
     rings: Vec<Option<TensorRing>>,
     /// Members staged so far: the order of staging.
     staged: u64,
+    /// When making a ring last failed (then none is tried for a second:
+    /// requests run alone meanwhile).
+    failed_at: Option<Instant>,
 }
 
 /// The part of a waiting request its leader needs: its inputs' staged
@@ -172,8 +183,8 @@ pub(crate) struct Member {
     key: Vec<(DType, Vec<u64>)>,
     /// Rows: the inputs' common first dimension.
     rows: usize,
-    /// Per input, its bytes.
-    inputs: Vec<Staged>,
+    /// Per input, its bytes in that input's tensor queue.
+    inputs: Vec<RingSpan>,
     /// When it was staged, among the model's members.
     staged_at: u64,
     /// Set (under the queue's lock) when a leader takes it.
@@ -195,24 +206,6 @@ enum Delivery {
     Ready(Outcome),
     /// Read by the member.
     Read,
-}
-
-/// Where a member's input bytes wait.
-#[derive(Debug)]
-enum Staged {
-    /// In the model's tensor queue for this input.
-    Ring(RingSpan),
-    /// In a buffer of its own (the ring was full, or has none).
-    Own(AlignedBuf),
-}
-
-impl Staged {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Staged::Ring(s) => s.bytes(),
-            Staged::Own(b) => b.as_slice(),
-        }
-    }
 }
 
 /// What a leader tells a member: its result and the run's times.
@@ -296,7 +289,7 @@ impl Member {
             .iter()
             .zip(shapes)
             .zip(&self.inputs)
-            .map(|(((dtype, _), shape), s)| TensorView::new(*dtype, shape, s.bytes()))
+            .map(|(((dtype, _), shape), span)| TensorView::new(*dtype, shape, span.bytes()))
             .collect()
     }
 
@@ -351,61 +344,75 @@ impl Batcher {
         (same && (1..=self.policy.max_batch).contains(&rows)).then_some(rows)
     }
 
-    /// Copies `inputs` into the tensor queues (or own buffers) as a member
-    /// of `rows` rows. Counts the bytes copied on `model`.
-    fn stage(
-        &self,
-        model: &ModelEntry,
-        inputs: &[TensorView<'_>],
-        rows: usize,
-    ) -> Result<Member, EngineError> {
+    /// Copies `inputs` into the tensor queues as a member of `rows` rows
+    /// (counted on `model`); `None` when a queue has no room for them now
+    /// (or cannot be made): the request then runs alone on its own bytes.
+    fn stage(&self, model: &ModelEntry, inputs: &[TensorView<'_>], rows: usize) -> Option<Member> {
         let mut spans = Vec::with_capacity(inputs.len());
         let staged_at = {
             let mut st = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-            for (i, t) in inputs.iter().enumerate() {
-                if st.rings.len() <= i {
-                    st.rings.resize_with(i + 1, || None);
-                    let name = format!("tw-tensor-queue-{}-{i}", model.signature().name);
-                    st.rings[i] = TensorRing::new(&name, self.queue_bytes).ok();
+            if st.rings.len() < inputs.len() {
+                if st.failed_at.is_some_and(|t| t.elapsed() < RING_RETRY) {
+                    return None;
                 }
+                for i in st.rings.len()..inputs.len() {
+                    // memfd names are at most 249 bytes; this one only shows
+                    // in /proc.
+                    let name: String = format!("tw-tensor-queue-{i}-{}", model.signature().name)
+                        .chars()
+                        .take(200)
+                        .collect();
+                    match TensorRing::new(&name, self.queue_bytes) {
+                        Ok(r) => st.rings.push(Some(r)),
+                        Err(e) => {
+                            eprintln!(
+                                "tensorwire agent: model '{}': no tensor queue for input {i} \
+                                 ({e}); its requests run alone for now",
+                                model.signature().name
+                            );
+                            st.failed_at = Some(Instant::now());
+                            return None;
+                        }
+                    }
+                }
+            }
+            for (i, t) in inputs.iter().enumerate() {
                 let align = t.dtype.size().max(1);
-                spans.push(
-                    st.rings[i]
-                        .as_ref()
-                        .and_then(|r| r.alloc(t.data.len(), align)),
-                );
+                // Dropping the spans taken so far gives them back.
+                spans.push(st.rings[i].as_ref()?.alloc(t.data.len(), align)?);
             }
             st.staged += 1;
             st.staged
         };
         // The copies happen outside the lock: each span is this member's.
-        let mut staged = Vec::with_capacity(inputs.len());
-        for (t, span) in inputs.iter().zip(spans) {
-            staged.push(match span {
-                Some(mut s) => {
-                    s.bytes_mut().copy_from_slice(t.data);
-                    Staged::Ring(s)
-                }
-                None => Staged::Own(AlignedBuf::copy_from(t.data).map_err(|e| {
-                    EngineError::OutOfMemory(format!("staging a request for a batch: {e}"))
-                })?),
-            });
+        for (t, span) in inputs.iter().zip(spans.iter_mut()) {
+            span.bytes_mut().copy_from_slice(t.data);
         }
         let bytes: usize = inputs.iter().map(|t| t.data.len()).sum();
         model.stats.record_batch_copy(bytes as u64, 0, 0);
-        Ok(Member {
+        Some(Member {
             key: inputs
                 .iter()
                 .map(|t| (t.dtype, t.shape[1..].to_vec()))
                 .collect(),
             rows,
-            inputs: staged,
+            inputs: spans,
             staged_at,
             taken: AtomicBool::new(false),
             wake: std::sync::OnceLock::new(),
             outcome: Mutex::new(Delivery::Pending),
             answered: Condvar::new(),
         })
+    }
+
+    /// Whether a request on `inputs` would run alone at once, on its own
+    /// bytes: the model does not batch it (batching off, or not stackable),
+    /// or the model is free and has no queue delay to wait out (an idle
+    /// model has nobody to batch with). A hint, as
+    /// [`ModelQueue::has_free_run`] is.
+    pub fn runs_alone(&self, queue: &ModelQueue, inputs: &[TensorView<'_>]) -> bool {
+        self.rows_of(inputs).is_none()
+            || (self.policy.max_queue_delay.is_zero() && queue.has_free_run())
     }
 
     /// The ring of input `i`, if it has one.
@@ -429,19 +436,20 @@ pub fn run(
     let b = &model.batcher;
     let queue: &ModelQueue = &model.queue;
     let alone = || std::panic::catch_unwind(AssertUnwindSafe(|| backend.run(inputs)));
-    let Some(rows) = b.rows_of(inputs) else {
-        return queue.run(ask, tl, alone);
+    let rows = match b.rows_of(inputs) {
+        Some(rows) if !b.runs_alone(queue, inputs) => rows,
+        // Not stackable, or idle: nobody to batch with; run in place.
+        _ => return queue.run(ask, tl, alone),
     };
-    if b.policy.max_queue_delay.is_zero() && queue.has_free_run() {
-        // Idle: nobody to batch with; run in place.
-        return queue.run(ask, tl, alone);
-    }
+    // Refused at once (full, a level the model lacks): before any copy.
+    queue.check_admissible(ask)?;
     let queued_at = Instant::now();
-    tl.stamp(Stage::Queued);
-    let me = match b.stage(model, inputs, rows) {
-        Ok(m) => std::sync::Arc::new(m),
-        Err(e) => return Ok(Ok(Err(e))),
+    let Some(me) = b.stage(model, inputs, rows) else {
+        // No room in a tensor queue: wait on its own bytes, run alone.
+        return queue.run(ask, tl, alone);
     };
+    let me = std::sync::Arc::new(me);
+    tl.stamp(Stage::Queued);
     match queue.wait_as_member(ask, &me)? {
         Turn::Taken => {
             let o = me.wait_outcome();
@@ -506,20 +514,91 @@ impl Drop for Answers<'_> {
 
 type MemberResult = std::thread::Result<Result<Vec<Output>, EngineError>>;
 
-/// Runs `batch` (in staging order): one engine run on the stacked inputs,
-/// or, when that fails or cannot be split, one run per member. Returns
-/// each member's result (in `batch` order) and the engine's start and end.
+/// How one engine run over a group of members ended.
+enum GroupRun {
+    /// Each member's outputs (in group order).
+    Done(Vec<MemberResult>),
+    /// The run failed (or its outputs could not be split): why.
+    Failed(String),
+    /// Its outputs are not batched along the first dimension: running
+    /// fewer members together cannot help.
+    NotBatched,
+}
+
+/// Runs `batch` (in staging order): one engine run on the stacked inputs;
+/// if it fails, halves of it again, down to single members (see the
+/// module doc). Returns each member's result (in `batch` order) and the
+/// first run's start and the last one's end.
 fn lead(model: &ModelEntry, batch: &[&Member]) -> (Vec<MemberResult>, u64, u64) {
     let start = monotonic_ns();
-    if batch.len() == 1 {
-        let m = batch[0];
-        let shapes = m.shapes();
-        let r = run_alone(model, m, &shapes);
-        return (vec![r], start, monotonic_ns());
+    let mut results: Vec<Option<MemberResult>> = batch.iter().map(|_| None).collect();
+    bisect(model, batch, &mut results, None);
+    let results = results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Box::new("a batch member was not run"))))
+        .collect();
+    (results, start, monotonic_ns())
+}
+
+/// Runs `group` as one batch and stores each member's result in
+/// `results` (same order); a failed group of more than one is split in
+/// halves. `failed`: why the larger batch this group came from failed,
+/// and its size.
+fn bisect(
+    model: &ModelEntry,
+    group: &[&Member],
+    results: &mut [Option<MemberResult>],
+    failed: Option<&(String, usize)>,
+) {
+    if group.len() == 1 {
+        let m = group[0];
+        let r = run_alone(model, m, &m.shapes());
+        results[0] = Some(match (r, failed) {
+            (Ok(Err(e)), Some((why, n))) => Ok(Err(EngineError::Run(format!(
+                "{e} (run alone after the batch of {n} requests it was in failed: {why})"
+            )))),
+            (r, _) => r,
+        });
+        return;
     }
+    match run_group(model, group) {
+        GroupRun::Done(rs) => {
+            for (slot, r) in results.iter_mut().zip(rs) {
+                *slot = Some(r);
+            }
+        }
+        GroupRun::NotBatched => {
+            let why = (
+                "its outputs are not batched along the first dimension".to_string(),
+                group.len(),
+            );
+            for (i, m) in group.iter().enumerate() {
+                bisect(
+                    model,
+                    std::slice::from_ref(m),
+                    &mut results[i..=i],
+                    Some(&why),
+                );
+            }
+        }
+        GroupRun::Failed(why) => {
+            // The first failure names the whole batch it happened in.
+            let why = failed.cloned().unwrap_or((why, group.len()));
+            let half = group.len() / 2;
+            let (left, right) = results.split_at_mut(half);
+            bisect(model, &group[..half], left, Some(&why));
+            bisect(model, &group[half..], right, Some(&why));
+        }
+    }
+}
+
+/// One engine run over `group` (at least two members): their inputs
+/// stacked (in place in the rings when back to back, else gathered), the
+/// outputs split into each member's rows.
+fn run_group(model: &ModelEntry, group: &[&Member]) -> GroupRun {
     let b = &model.batcher;
-    let rows: usize = batch.iter().map(|m| m.rows).sum();
-    let first = batch[0];
+    let rows: usize = group.iter().map(|m| m.rows).sum();
+    let first = group[0];
     let shapes: Vec<Vec<u64>> = first
         .key
         .iter()
@@ -530,45 +609,27 @@ fn lead(model: &ModelEntry, batch: &[&Member]) -> (Vec<MemberResult>, u64, u64) 
         })
         .collect();
     // Per input: the batch in place in its ring, or gathered.
+    let rings: Vec<Option<TensorRing>> = (0..shapes.len()).map(|i| b.ring(i)).collect();
     let mut gathered: Vec<Option<AlignedBuf>> = Vec::with_capacity(shapes.len());
     let mut in_place: Vec<Option<&[u8]>> = Vec::with_capacity(shapes.len());
-    let rings: Vec<Option<TensorRing>> = (0..shapes.len()).map(|i| b.ring(i)).collect();
     let mut copied = 0u64;
     for (i, ring) in rings.iter().enumerate() {
-        let spans: Option<Vec<&RingSpan>> = batch
-            .iter()
-            .map(|m| match &m.inputs[i] {
-                Staged::Ring(s) => Some(s),
-                Staged::Own(_) => None,
-            })
-            .collect();
-        let joined = ring
-            .as_ref()
-            .zip(spans)
-            .and_then(|(r, spans)| r.joined(&spans));
-        match joined {
+        let spans: Vec<&RingSpan> = group.iter().map(|m| &m.inputs[i]).collect();
+        match ring.as_ref().and_then(|r| r.joined(&spans)) {
             Some(bytes) => {
                 in_place.push(Some(bytes));
                 gathered.push(None);
             }
             None => {
-                let total: usize = batch.iter().map(|m| m.inputs[i].bytes().len()).sum();
+                let total: usize = spans.iter().map(|s| s.len()).sum();
                 let mut buf = match AlignedBuf::zeroed(total) {
                     Ok(b) => b,
-                    Err(e) => {
-                        let msg = format!("gathering a batch: {e}");
-                        let r = batch
-                            .iter()
-                            .map(|_| Ok(Err(EngineError::OutOfMemory(msg.clone()))))
-                            .collect();
-                        return (r, start, monotonic_ns());
-                    }
+                    Err(e) => return GroupRun::Failed(format!("out of memory gathering it: {e}")),
                 };
                 let mut at = 0;
-                for m in batch {
-                    let src = m.inputs[i].bytes();
-                    buf.as_mut_slice()[at..at + src.len()].copy_from_slice(src);
-                    at += src.len();
+                for s in &spans {
+                    buf.as_mut_slice()[at..at + s.len()].copy_from_slice(s.bytes());
+                    at += s.len();
                 }
                 copied += total as u64;
                 in_place.push(None);
@@ -591,36 +652,19 @@ fn lead(model: &ModelEntry, batch: &[&Member]) -> (Vec<MemberResult>, u64, u64) 
             TensorView::new(*dtype, shape, bytes)
         })
         .collect();
-    let ran = std::panic::catch_unwind(AssertUnwindSafe(|| model.backend.run(&views)));
-    let end = monotonic_ns();
-    model.stats.record_batch(batch.len() as u64);
-    if let Ok(Ok(outputs)) = &ran {
-        if let Some((split, copied)) = split(outputs, &views, batch, rows) {
-            model.stats.record_batch_copy(0, 0, copied);
-            return (split, start, end);
-        }
-    }
-    // The batch failed (or its outputs do not stack along the first
-    // dimension): each member alone, so only the ones at fault fail.
-    let why = match &ran {
-        Ok(Err(e)) => e.to_string(),
-        Ok(Ok(_)) => "its outputs are not batched along the first dimension".into(),
-        Err(_) => "the engine panicked".into(),
-    };
-    let results = batch
-        .iter()
-        .map(|m| {
-            let shapes = m.shapes();
-            match run_alone(model, m, &shapes) {
-                Ok(Err(e)) => Ok(Err(EngineError::Run(format!(
-                    "{e} (run alone after the batch of {} requests it was in failed: {why})",
-                    batch.len()
-                )))),
-                r => r,
+    match std::panic::catch_unwind(AssertUnwindSafe(|| model.backend.run(&views))) {
+        Ok(Ok(outputs)) => match split(&outputs, &views, group, rows) {
+            Ok(Some((results, copied))) => {
+                model.stats.record_batch_copy(0, 0, copied);
+                model.stats.record_batch(group.len() as u64);
+                GroupRun::Done(results)
             }
-        })
-        .collect();
-    (results, start, monotonic_ns())
+            Ok(None) => GroupRun::NotBatched,
+            Err(e) => GroupRun::Failed(e),
+        },
+        Ok(Err(e)) => GroupRun::Failed(e.to_string()),
+        Err(_) => GroupRun::Failed("the engine panicked".into()),
+    }
 }
 
 /// Runs one member's staged inputs alone. An output aliasing input `n`
@@ -630,26 +674,24 @@ fn run_alone(model: &ModelEntry, m: &Member, shapes: &[Vec<u64>]) -> MemberResul
     std::panic::catch_unwind(AssertUnwindSafe(|| model.backend.run(&views)))
 }
 
-/// Each member's rows of every output, and the bytes copied for them; or
-/// `None` when an output's first dimension is not the batch's rows.
+/// Each member's rows of every output, and the bytes copied for them;
+/// `Ok(None)` when an output's first dimension is not the batch's rows;
+/// `Err` when memory for a member's rows cannot be had.
 fn split(
     outputs: &[Output],
     views: &[TensorView<'_>],
     batch: &[&Member],
     rows: usize,
-) -> Option<(Vec<MemberResult>, u64)> {
+) -> Result<Option<(Vec<MemberResult>, u64)>, String> {
     let mut per: Vec<Vec<Output>> = batch
         .iter()
         .map(|_| Vec::with_capacity(outputs.len()))
         .collect();
     let mut copied = 0u64;
     for o in outputs {
-        if o.shape.first() != Some(&(rows as u64)) {
-            return None;
-        }
         let bytes = o.bytes(views);
-        if bytes.len() % rows != 0 {
-            return None;
+        if o.shape.first() != Some(&(rows as u64)) || bytes.len() % rows != 0 {
+            return Ok(None);
         }
         let row_len = bytes.len() / rows;
         let mut at = 0;
@@ -661,7 +703,9 @@ fn split(
                 OutputData::Input(n) => OutputData::Input(n),
                 OutputData::Owned(_) => {
                     copied += len as u64;
-                    OutputData::Owned(AlignedBuf::copy_from(&bytes[at..at + len]).ok()?)
+                    let b = AlignedBuf::copy_from(&bytes[at..at + len])
+                        .map_err(|e| format!("out of memory splitting its outputs: {e}"))?;
+                    OutputData::Owned(b)
                 }
             };
             at += len;
@@ -672,7 +716,7 @@ fn split(
             });
         }
     }
-    Some((per.into_iter().map(|o| Ok(Ok(o))).collect(), copied))
+    Ok(Some((per.into_iter().map(|o| Ok(Ok(o))).collect(), copied)))
 }
 
 #[cfg(test)]
@@ -918,8 +962,15 @@ mod tests {
             e.contains("NaN") && e.contains("batch of 3 requests"),
             "the answer says its batch failed first: {e}"
         );
-        // Held run, the failed batch, then each member alone.
-        assert_eq!(affine.runs(), vec![1, 3, 1, 1, 1]);
+        // Held run, the failed batch of 3, its halves (the first alone, the
+        // second of 2 failing again), then the second half's members alone.
+        assert_eq!(affine.runs(), vec![1, 3, 1, 2, 1, 1]);
+        let s = model.stats.snapshot();
+        assert_eq!(
+            (s.batches, s.batched_requests),
+            (0, 0),
+            "no batch succeeded"
+        );
     }
 
     #[test]
@@ -991,12 +1042,71 @@ mod tests {
     }
 
     #[test]
+    fn a_request_that_finds_no_room_in_its_tensor_queue_waits_on_its_own_bytes() {
+        let (affine, tx) = Affine::new(None);
+        let model = entry(affine.clone(), batching(8), 4096);
+        // 3000-byte requests: the first waiting one is staged, the second
+        // finds no room and waits (then runs) alone; nothing else is held.
+        let xs: Vec<(Vec<f32>, u64)> = vec![(vec![1.0; 750], 750), (vec![2.0; 750], 750)];
+        let (_, rest) = batch_behind_a_held_run(&model, tx, xs.clone());
+        for ((x, _), got) in xs.iter().zip(rest) {
+            assert_eq!(got, Ok((vec![1, 750], expect(x))));
+        }
+        let s = model.stats.snapshot();
+        assert_eq!(s.batch_staged_bytes, 3000, "only the first was copied");
+        assert_eq!(s.batches, 0);
+        assert_eq!(affine.runs(), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn a_request_the_queue_refuses_is_refused_before_it_is_copied() {
+        let (affine, tx) = Affine::new(None);
+        let policy = crate::registry::batch_policy_for(affine.signature(), batching(8));
+        let model = Arc::new(ModelEntry {
+            id: 1,
+            version: 1,
+            backend: affine.clone(),
+            queue: ModelQueue::with_policy(
+                1,
+                QueuePolicy {
+                    max_queue: 1,
+                    ..QueuePolicy::default()
+                },
+            ),
+            batcher: Batcher::with_queue_bytes(policy, 1 << 20),
+            outputs_in_place: false,
+            stats: ModelStats::default(),
+        });
+        let first = call(&model, vec![0.0, 0.0], 2);
+        wait_queue(&model, |s| s.running == 1);
+        let waiting = call(&model, vec![1.0, 2.0], 2);
+        wait_queue(&model, |s| s.waiting == 1);
+        let refused = call(&model, vec![3.0, 4.0], 2).join().expect("caller");
+        assert!(refused.expect_err("full").contains("full"));
+        assert_eq!(
+            model.stats.snapshot().batch_staged_bytes,
+            8,
+            "the refused one was not copied"
+        );
+        tx.send(()).expect("release");
+        first.join().expect("first").expect("ok");
+        assert_eq!(
+            waiting.join().expect("waiter"),
+            Ok((vec![1, 2], expect(&[1.0, 2.0])))
+        );
+    }
+
+    #[test]
     fn a_fixed_first_dimension_turns_batching_off() {
         let (affine, _tx) = Affine::new(Some(1));
         let p = crate::registry::batch_policy_for(affine.signature(), batching(8));
         assert!(!p.is_on());
         let (affine, _tx) = Affine::new(None);
         assert!(crate::registry::batch_policy_for(affine.signature(), batching(8)).is_on());
+        // An output with a fixed first dimension cannot be split back.
+        let mut sig = affine.signature().clone();
+        sig.outputs[0].shape[0] = Some(1);
+        assert!(!crate::registry::batch_policy_for(&sig, batching(8)).is_on());
     }
 
     #[test]

@@ -564,9 +564,9 @@ impl AgentCore {
 
     /// Like [`run`](AgentCore::run), with the engine writing output `i`
     /// into `outputs[i]` ([`engine::Backend::run_into`]; sizes from
-    /// [`engine::Backend::output_shapes`]). A model that batches runs
-    /// through its batcher and its outputs are copied into `outputs`
-    /// (counted with the batch's output copies).
+    /// [`engine::Backend::output_shapes`]). A request that may join a
+    /// batch runs through the batcher instead and its outputs are copied
+    /// into `outputs` (counted with the batch's output copies).
     pub fn run_into(
         &self,
         p: &Prepared<'_>,
@@ -574,7 +574,8 @@ impl AgentCore {
         outputs: &mut [&mut [u8]],
         tl: &mut Timeline,
     ) -> Result<(), Reply> {
-        if p.model.batcher.policy().is_on() {
+        if !p.model.batcher.runs_alone(&p.model.queue, inputs) {
+            // It may join a batch: the batch's outputs are copied in.
             let produced = self.run(p, inputs, tl)?;
             return self.copy_into(p, &produced, inputs, outputs);
         }

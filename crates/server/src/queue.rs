@@ -354,17 +354,23 @@ impl ModelQueue {
     ) -> Vec<Arc<Member>> {
         let room = policy.max_batch.saturating_sub(leader.rows());
         let until = since.checked_add(policy.max_queue_delay).unwrap_or(since);
-        if !policy.max_queue_delay.is_zero() {
-            // It may wait for members: others must read their requests.
-            crate::reactor::will_block();
-        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut told_pool = false;
         let mut chosen = loop {
             let now = Instant::now();
             let chosen = Self::compatible(&s.waiters, leader, room, now);
             let rows = leader.rows() + chosen.iter().map(|&(_, r)| r).sum::<usize>();
             if policy.is_reached(rows) || now >= until {
                 break chosen;
+            }
+            if !told_pool {
+                // It waits for members: other workers must read their
+                // requests (see `admit_in_turn`). Then look again.
+                told_pool = true;
+                drop(s);
+                crate::reactor::will_block();
+                s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
             }
             s.gathering += 1;
             s = self
@@ -440,6 +446,27 @@ impl ModelQueue {
         chosen
     }
 
+    /// Refuses at once what [`run`](Self::run) would refuse before any
+    /// wait: a priority the model lacks, or a full queue (counted). A
+    /// snapshot: a request that passes may still be refused when it joins
+    /// the line. Callers use it to refuse before they spend work on a
+    /// request (the batcher's staging copy).
+    pub(crate) fn check_admissible(&self, ask: Ask) -> Result<(), Refused> {
+        let levels = self.policy.priority_levels;
+        if ask.priority > levels {
+            return Err(Refused::BadPriority {
+                asked: ask.priority,
+                levels,
+            });
+        }
+        let max = self.policy.max_queue;
+        if max != 0 && (self.word.load(Ordering::Relaxed) >> 32) as usize >= max {
+            self.overloaded.fetch_add(1, Ordering::Relaxed);
+            return Err(Refused::Overloaded { max_queue: max });
+        }
+        Ok(())
+    }
+
     /// Admits the caller if a run is free and nobody waits.
     fn try_admit_at_once(&self) -> bool {
         let w = self.word.load(Ordering::Relaxed);
@@ -455,10 +482,6 @@ impl ModelQueue {
     /// until a leader takes it along (`Ok(false)`); or leaves the line
     /// refused.
     fn admit_in_turn(&self, ask: Ask, member: Option<&Arc<Member>>) -> Result<bool, Refused> {
-        // This thread is about to wait: on a worker of the agent's pool,
-        // make sure another one reads the connections meanwhile (the
-        // requests behind this one, a batch's members among them).
-        crate::reactor::will_block();
         let p = &self.policy;
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if p.max_queue != 0 && s.waiters.len() >= p.max_queue {
@@ -502,6 +525,7 @@ impl ModelQueue {
             // A leader waiting for members may take this one.
             self.gather.notify_all();
         }
+        let mut told_pool = false;
         loop {
             if member.is_some_and(|m| m.is_taken()) {
                 // Its leader removed it from the line and the count. A
@@ -511,7 +535,8 @@ impl ModelQueue {
             }
             let now = Instant::now();
             // Admission first: a request that is next and finds a free run
-            // is admitted even at its deadline.
+            // is admitted (one past its deadline is never next: `best`
+            // leaves it out, and it leaves below).
             if self.best(&s.waiters, now) == Some(seq) {
                 // A run ending does not take the lock to decrement, so take
                 // a free run by compare-and-swap, as the fast path does.
@@ -542,6 +567,18 @@ impl ModelQueue {
                 return Err(Refused::Timeout {
                     waited: now - arrived,
                 });
+            }
+            if !told_pool {
+                // This thread is about to wait: on a worker of the agent's
+                // pool, make sure another one reads the connections
+                // meanwhile (the requests behind this one, a batch's
+                // members among them). Not under the lock: it may start a
+                // thread. Then look again.
+                told_pool = true;
+                drop(s);
+                crate::reactor::will_block();
+                s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
             }
             // Woken when it is the best waiter and a run is free (a run
             // ending, a waiter admitted or leaving: they lock before

@@ -70,13 +70,31 @@ pub fn will_block() {
     let Some(inner) = POOL.with(|p| p.borrow().upgrade()) else {
         return;
     };
-    if inner.waiting.load(Ordering::SeqCst) == 0
-        && !inner.closing.load(Ordering::SeqCst)
-        && inner.workers.load(Ordering::SeqCst) < inner.max_workers
+    // A worker started for an earlier call and not yet waiting counts as
+    // waiting: a burst of blocking requests starts one, not one each.
+    if inner.waiting.load(Ordering::SeqCst) + inner.starting.load(Ordering::SeqCst) != 0
+        || inner.closing.load(Ordering::SeqCst)
     {
-        if let Err(e) = Inner::spawn_worker(&inner) {
-            eprintln!("tensorwire agent: cannot start a worker thread: {e}");
+        return;
+    }
+    // Reserve the place under the cap first, so concurrent callers (and
+    // the monitor) cannot overshoot it.
+    let mut n = inner.workers.load(Ordering::SeqCst);
+    loop {
+        if n >= inner.max_workers {
+            return;
         }
+        match inner
+            .workers
+            .compare_exchange(n, n + 1, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => break,
+            Err(now) => n = now,
+        }
+    }
+    inner.starting.fetch_add(1, Ordering::SeqCst);
+    if let Err(e) = Inner::spawn_reserved(&inner, true) {
+        eprintln!("tensorwire agent: cannot start a worker thread: {e}");
     }
 }
 
@@ -132,6 +150,9 @@ struct Inner {
     next_key: AtomicU64,
     workers: AtomicUsize,
     waiting: AtomicUsize,
+    /// Workers started by [`will_block`] that have not reached their
+    /// first wait yet.
+    starting: AtomicUsize,
     /// Times a worker went back to waiting (the monitor's sign of life).
     returns: AtomicU64,
     max_workers: usize,
@@ -173,6 +194,7 @@ impl Reactor {
             next_key: AtomicU64::new(STOP_KEY + 1),
             workers: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
+            starting: AtomicUsize::new(0),
             returns: AtomicU64::new(0),
             max_workers: max_workers.max(MIN_WORKERS),
             spare: spare(),
@@ -255,10 +277,17 @@ impl Inner {
 
     fn spawn_worker(inner: &Arc<Inner>) -> std::io::Result<()> {
         inner.workers.fetch_add(1, Ordering::SeqCst);
+        Inner::spawn_reserved(inner, false)
+    }
+
+    /// Starts a worker whose place in `workers` is already counted (given
+    /// back if the thread cannot be started); `starting`: it is counted in
+    /// `starting` too, until its first wait.
+    fn spawn_reserved(inner: &Arc<Inner>, starting: bool) -> std::io::Result<()> {
         let me = inner.clone();
         let spawned = std::thread::Builder::new()
             .name("tw-worker".into())
-            .spawn(move || me.work());
+            .spawn(move || me.work(starting));
         match spawned {
             Ok(h) => {
                 let mut handles = inner.handles.lock().unwrap_or_else(|p| p.into_inner());
@@ -269,13 +298,16 @@ impl Inner {
             }
             Err(e) => {
                 inner.workers.fetch_sub(1, Ordering::SeqCst);
+                if starting {
+                    inner.starting.fetch_sub(1, Ordering::SeqCst);
+                }
                 Err(e)
             }
         }
     }
 
     /// One worker: wait for a ready task, run it, park or drop it, repeat.
-    fn work(self: Arc<Self>) {
+    fn work(self: Arc<Self>, mut starting: bool) {
         POOL.with(|p| *p.borrow_mut() = Arc::downgrade(&self));
         let timespec = |d: Duration| rustix::time::Timespec {
             tv_sec: d.as_secs() as i64,
@@ -289,6 +321,9 @@ impl Inner {
         }];
         loop {
             let others = self.waiting.fetch_add(1, Ordering::SeqCst);
+            if std::mem::take(&mut starting) {
+                self.starting.fetch_sub(1, Ordering::SeqCst);
+            }
             self.returns.fetch_add(1, Ordering::Relaxed);
             let timeout = if others >= self.spare {
                 &surplus

@@ -253,8 +253,9 @@ fn dims_text(shape: &[Option<u64>]) -> String {
 }
 
 /// `asked`, unless the model cannot batch: an input whose first dimension
-/// is fixed (or that has none) cannot stack requests, so the model gets
-/// `max_batch = 1`, with a warning on stderr saying why.
+/// is fixed (or that has none) cannot stack requests, and an output whose
+/// first dimension is fixed cannot be split back into them, so the model
+/// gets `max_batch = 1`, with a warning on stderr saying why.
 pub fn batch_policy_for(sig: &ModelSignature, asked: BatchPolicy) -> BatchPolicy {
     if !asked.is_on() {
         return asked;
@@ -262,12 +263,15 @@ pub fn batch_policy_for(sig: &ModelSignature, asked: BatchPolicy) -> BatchPolicy
     let fixed = sig
         .inputs
         .iter()
-        .find(|t| !matches!(t.shape.first(), Some(None)));
+        .map(|t| ("input", t))
+        .chain(sig.outputs.iter().map(|t| ("output", t)))
+        // A scalar (no first dimension) can neither stack nor be split.
+        .find(|(_, t)| !matches!(t.shape.first(), Some(None)));
     match fixed {
         None => asked,
-        Some(t) => {
+        Some((kind, t)) => {
             eprintln!(
-                "tensorwire agent: model '{}': max_batch {} asked, but input '{}' has shape {} \
+                "tensorwire agent: model '{}': max_batch {} asked, but {kind} '{}' has shape {} \
                  (no dynamic first dimension to stack requests along): max_batch = 1",
                 sig.name,
                 asked.max_batch,
