@@ -879,3 +879,67 @@ fn a_tiny_ring_back_pressures_pipelined_senders_without_deadlock() {
         });
     });
 }
+
+#[test]
+fn a_model_slower_than_the_spin_is_waited_for_by_sleeping_then_polling() {
+    within(LIMIT, || {
+        // Answers after 3 ms: fifteen times the client's spin budget.
+        let agent = TestAgent::start(
+            AgentConfig::default(),
+            Some(CopyBackend::registry(Duration::from_millis(3))),
+        );
+        for uri in [&agent.shm, &agent.unix] {
+            let c = connect(uri);
+            let m = c.model("copy").unwrap();
+            let v = pattern(256, 3, false);
+            let x = TensorRef::new(DType::U8, &[256], &v).unwrap();
+            let n = 40u64;
+            for _ in 0..n {
+                let r = m.infer(&[x]).unwrap();
+                assert!(r.outputs[0].bytes() == &v[..]);
+            }
+            let w = c.wait_stats();
+            eprintln!("{uri}: {w:?}");
+            if std::env::var("TENSORWIRE_PREDICTED_WAIT").is_ok_and(|v| v.trim() == "0") {
+                assert_eq!(w, client::WaitStats::default());
+                continue;
+            }
+            let p = w.predicted.expect("a prediction after 40 waits");
+            assert!(p >= Duration::from_millis(3), "{uri}: {w:?}");
+            // Lenient for a noisy 2-core machine: the first waits are not
+            // planned, and a far-off one may cancel a few plans.
+            let planned = w.sleeps_woken
+                + w.sleeps_then_caught
+                + w.sleeps_then_missed
+                + w.sleeps_then_blocked;
+            assert!(planned >= n / 2, "{uri}: {w:?}");
+            assert!(w.sleeps_then_caught >= n / 4, "{uri}: {w:?}");
+        }
+    });
+}
+
+/// Not a check: how predicted waits go with MobileNetV2 (milliseconds a
+/// request) in this process, for tuning. `cargo test --release -p
+/// tensorwire-client --test shm mobilenet_wait_stats -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn mobilenet_wait_stats() {
+    let path = models_dir().join("mobilenetv2.onnx");
+    let cfg = AgentConfig {
+        models: vec![ModelConfig::new("mobilenet", path)],
+        ..AgentConfig::default()
+    };
+    let agent = TestAgent::start(cfg, None);
+    let x = vec![0.5f32; 3 * 224 * 224];
+    for uri in [&agent.shm, &agent.unix] {
+        let c = connect(uri);
+        let m = c.model("mobilenet").unwrap();
+        let x = TensorRef::from_slice(&[1, 3, 224, 224], &x).unwrap();
+        let t = Instant::now();
+        let n = 300;
+        for _ in 0..n {
+            m.infer(&[x]).unwrap();
+        }
+        eprintln!("{uri}: mean {:?}, {:?}", t.elapsed() / n, c.wait_stats());
+    }
+}

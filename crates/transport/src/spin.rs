@@ -33,6 +33,23 @@
 //! That keeps a connection with sparse traffic (a request every few
 //! milliseconds, a model that runs for milliseconds) from burning the whole
 //! budget on every message.
+//!
+//! [`WaitEstimate`] and [`WaitPlan`] make a waiter that knows roughly when
+//! its message will come spin only then (project issue 15). A client
+//! waiting for a model that runs for milliseconds would otherwise either
+//! spin from the start (taking a core from the model it waits for) or, once
+//! its gate closes, block and pay the wake-up on every response. The
+//! estimate is an exponential moving average of a connection's waits and of
+//! their absolute deviation (TCP's SRTT and RTTVAR, gains 1/8 and 1/4);
+//! when it predicts a wait `P` at least twice the margin
+//! `max(2 × deviation, budget)`, the wait blocks *with a timeout* until
+//! the spin window `[P − margin, P + margin]` opens (a message that comes
+//! sooner wakes it, as any block does), then spins through the window,
+//! then blocks as before. The window is at most
+//! [`WaitEstimate::MAX_WINDOW`] spin budgets long, centred on `P`. Waits not
+//! predicted long spin and block exactly as without it. The spins near
+//! completion have their own [`SpinGate`], so a connection whose
+//! predictions keep missing stops spinning for them too.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -263,9 +280,258 @@ impl SpinGate {
     }
 }
 
+/// A connection's estimate of how long its next wait lasts (see the
+/// module docs): moving averages of the waits and of their deviation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitEstimate {
+    mean_ns: u64,
+    dev_ns: u64,
+    samples: u32,
+}
+
+impl WaitEstimate {
+    /// Waits recorded before the estimate is used for a plan.
+    pub const WARMUP: u32 = 4;
+    /// The longest spin window of a plan, in spin budgets.
+    pub const MAX_WINDOW: u32 = 2;
+    /// Deviations below this (ns) still let a sample move the estimate by
+    /// this much (so a deviation near zero can grow).
+    const MIN_CLIP_NS: i128 = 50_000;
+
+    /// Records how long a wait took (from its first empty poll to its
+    /// message).
+    pub fn record(&mut self, waited: Duration) {
+        let x = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX) as i128;
+        if self.samples == 0 {
+            self.mean_ns = x as u64;
+            self.dev_ns = (x / 2) as u64;
+        } else {
+            let (mean, dev) = (self.mean_ns as i128, self.dev_ns as i128);
+            let err = x - mean;
+            self.mean_ns = (mean + err / 8).max(0) as u64;
+            // One outlier (a descheduled peer) would otherwise widen the
+            // margin past the plan for several waits: it counts as four
+            // deviations at most (a real change of spread still widens the
+            // estimate by 3/4 a wait).
+            let spread = err.abs().min((4 * dev).max(Self::MIN_CLIP_NS));
+            self.dev_ns = (dev + (spread - dev) / 4).max(0) as u64;
+        }
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// The predicted wait and its deviation, once [`Self::WARMUP`] waits
+    /// are recorded.
+    pub fn predicted(&self) -> Option<(Duration, Duration)> {
+        (self.samples >= Self::WARMUP).then(|| {
+            (
+                Duration::from_nanos(self.mean_ns),
+                Duration::from_nanos(self.dev_ns),
+            )
+        })
+    }
+
+    /// Waits recorded so far.
+    pub fn samples(&self) -> u32 {
+        self.samples
+    }
+
+    /// The plan for the next wait of a waiter whose spin budget is
+    /// `budget`: `None` (spin then block as usual) unless the wait is
+    /// predicted long — at least twice the margin `max(2 × deviation,
+    /// budget)`. The spin window is the margin either side of the
+    /// prediction, at most [`Self::MAX_WINDOW`] budgets long (centred on
+    /// it): on a machine whose cores the awaited model keeps busy, a poll
+    /// costs the model about as much time as it saves the waiter, so a
+    /// spread-out arrival is not chased with a long spin.
+    pub fn plan(&self, budget: Duration) -> Option<WaitPlan> {
+        if budget.is_zero() {
+            return None;
+        }
+        let (p, dev) = self.predicted()?;
+        let margin = (2 * dev).max(budget);
+        if p < 2 * margin {
+            return None;
+        }
+        let spin = (2 * margin).min(Self::MAX_WINDOW * budget);
+        Some(WaitPlan {
+            sleep: p - spin / 2,
+            spin,
+        })
+    }
+}
+
+/// How a wait predicted long proceeds (see the module docs): block until
+/// `sleep` after its start unless the message comes sooner, then spin for
+/// at most `spin`, then block until the message comes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPlan {
+    /// Block (waking at once for a message) until this long after the
+    /// wait began.
+    pub sleep: Duration,
+    /// Then poll for at most this long.
+    pub spin: Duration,
+}
+
+/// A connection's predicted waits: the estimate, and the gate of the spins
+/// near predicted completion (closed after they keep missing).
+#[derive(Clone, Copy, Debug)]
+pub struct PredictedWait {
+    /// How long this connection's waits take.
+    pub estimate: WaitEstimate,
+    /// Whether spinning near the predicted completion pays off.
+    pub gate: SpinGate,
+}
+
+impl PredictedWait {
+    /// No waits seen yet.
+    pub fn new() -> PredictedWait {
+        PredictedWait {
+            estimate: WaitEstimate::default(),
+            // Only whether it grants anything matters: the window is the
+            // plan's.
+            gate: SpinGate::new(Duration::MAX),
+        }
+    }
+
+    /// Whether predicted waits are on in this process: unless
+    /// `TENSORWIRE_PREDICTED_WAIT=0` (read once; for comparisons).
+    pub fn enabled() -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| {
+            std::env::var("TENSORWIRE_PREDICTED_WAIT").map_or(true, |v| v.trim() != "0")
+        })
+    }
+}
+
+impl Default for PredictedWait {
+    fn default() -> Self {
+        PredictedWait::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn estimate_of(waits: &[u64]) -> WaitEstimate {
+        let mut e = WaitEstimate::default();
+        for &w in waits {
+            e.record(us(w));
+        }
+        e
+    }
+
+    #[test]
+    fn estimate_warms_up_then_tracks_mean_and_deviation() {
+        let mut e = estimate_of(&[3000, 3000, 3000]);
+        assert_eq!(e.predicted(), None, "not before WARMUP waits");
+        e.record(us(3000));
+        let (p, dev) = e.predicted().unwrap();
+        assert_eq!(p, us(3000));
+        // The first wait's deviation guess (half of it) decays by 3/4 a wait.
+        assert!(dev < us(1500) && dev > us(300), "{dev:?}");
+        for _ in 0..40 {
+            e.record(us(3000));
+        }
+        let (p, dev) = e.predicted().unwrap();
+        assert_eq!(p, us(3000));
+        assert!(dev < us(5), "{dev:?}");
+        // A step to 5 ms: the mean follows with gain 1/8; the deviation
+        // grows, by a clipped amount for one sample.
+        e.record(us(5000));
+        let (p, dev2) = e.predicted().unwrap();
+        assert_eq!(p, us(3250));
+        assert!(dev2 > dev && dev2 < us(20), "{dev2:?}");
+        for _ in 0..60 {
+            e.record(us(5000));
+        }
+        let (p, _) = e.predicted().unwrap();
+        assert!(p > us(4990) && p <= us(5000), "{p:?}");
+    }
+
+    #[test]
+    fn estimate_saturates_instead_of_overflowing() {
+        let mut e = estimate_of(&[1, 1, 1, 1]);
+        e.record(Duration::MAX);
+        e.record(Duration::ZERO);
+        assert!(e.predicted().is_some());
+        assert_eq!(e.samples(), 6);
+    }
+
+    #[test]
+    fn one_outlier_does_not_cancel_the_plan() {
+        let b = us(200);
+        let mut e = estimate_of(&[3000; 40]);
+        e.record(us(9000));
+        let plan = e.plan(b).unwrap();
+        assert!(plan.sleep > us(2000), "{plan:?}");
+        // A lasting change of spread does widen it (and then cancels).
+        for _ in 0..10 {
+            e.record(us(1000));
+            e.record(us(5000));
+        }
+        assert_eq!(e.plan(b), None, "{e:?}");
+    }
+
+    #[test]
+    fn short_or_unknown_waits_get_no_plan() {
+        let b = us(200);
+        assert_eq!(WaitEstimate::default().plan(b), None, "no samples");
+        // 300 µs: below twice the margin (the budget, 200 µs).
+        let e = estimate_of(&[300; 20]);
+        assert_eq!(e.plan(b), None);
+        // Zero budget: never spins, so nothing to plan.
+        let e = estimate_of(&[3000; 20]);
+        assert_eq!(e.plan(Duration::ZERO), None);
+    }
+
+    #[test]
+    fn a_long_steady_wait_sleeps_until_a_margin_before_it() {
+        let b = us(200);
+        let e = estimate_of(&[3000; 40]);
+        let (p, dev) = e.predicted().unwrap();
+        assert!(2 * dev < b, "steady: the budget is the margin");
+        let plan = e.plan(b).unwrap();
+        assert_eq!(
+            plan,
+            WaitPlan {
+                sleep: p - b,
+                spin: 2 * b
+            }
+        );
+        // The spin window straddles the prediction.
+        assert!(plan.sleep < p && plan.sleep + plan.spin > p);
+    }
+
+    #[test]
+    fn jitter_widens_the_margin_and_too_much_cancels_the_plan() {
+        let b = us(200);
+        // 3 ms ± 400 µs: margin 2 × deviation (about 800 µs).
+        let e = estimate_of(&[2600, 3400].repeat(30));
+        let (p, dev) = e.predicted().unwrap();
+        let plan = e.plan(b).unwrap();
+        assert!(2 * dev > b);
+        // The window is capped (MAX_WINDOW budgets) and stays centred.
+        assert_eq!(plan.spin, WaitEstimate::MAX_WINDOW * b);
+        assert_eq!(plan.sleep, p - plan.spin / 2);
+        // 3 ms ± 60 µs: margin the budget, window twice it.
+        let e = estimate_of(&[2940, 3060].repeat(30));
+        let (p, _) = e.predicted().unwrap();
+        assert_eq!(
+            e.plan(b).unwrap(),
+            WaitPlan {
+                sleep: p - b,
+                spin: 2 * b
+            }
+        );
+        // 3 ms ± 2 ms: the margin would exceed half the wait.
+        let e = estimate_of(&[1000, 5000].repeat(30));
+        assert_eq!(e.plan(b), None);
+    }
 
     #[test]
     fn zero_budget_never_spins() {
