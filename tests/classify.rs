@@ -262,13 +262,39 @@ fn classify_compare_command_reports_identical_and_leaves_no_agent() {
         .map(|r| r["config"].as_str().unwrap_or("?"))
         .collect();
     assert_eq!(configs, ["local", "inproc", "shm", "unix", "tcp"]);
+    let n = run::read_lines(&f).expect("sample").len();
     for r in &rows {
         assert_eq!(r["identical"], true, "{r}");
-        for k in ["first_ms", "avg_ms", "tax_ms", "tax_pct"] {
+        for k in [
+            "first_ms",
+            "avg_ms",
+            "median_ms",
+            "p99_ms",
+            "tax_ms",
+            "tax_pct",
+            "client_cpu_us",
+            "cpu_us",
+            "cpu_vs_local",
+        ] {
             assert!(r[k].is_number(), "{k} in {r}");
         }
+        for k in ["median_spread_ms", "tax_spread_ms", "tax_pct_spread"] {
+            let v = r[k].as_array().unwrap_or_else(|| panic!("{k} in {r}"));
+            assert!(v.len() == 2 && v[0].as_f64() <= v[1].as_f64(), "{k} in {r}");
+        }
+        assert_eq!(r["passes"], 3, "the default --repeats: {r}");
+        assert_eq!(r["lines"], n - classifier::WARMUP_LINES, "{r}");
+        let p50 = r["median_ms"].as_f64().unwrap_or(0.0);
+        assert!(
+            p50 > 0.0 && r["p99_ms"].as_f64().unwrap_or(0.0) >= p50,
+            "{r}"
+        );
+        // Child agents report their own CPU; local and inproc run here.
+        let child = !matches!(r["config"].as_str(), Some("local" | "inproc"));
+        assert_eq!(r["agent_cpu_us"].is_number(), child, "{r}");
     }
     assert_eq!(rows[0]["tax_ms"], 0.0);
+    assert_eq!(rows[0]["cpu_vs_local"], 1.0);
 
     // The text table, from another directory with the default paths
     // (found through the checkout the binary was built from).
@@ -281,15 +307,23 @@ fn classify_compare_command_reports_identical_and_leaves_no_agent() {
             "examples/classifier/tweets.txt",
             "--compare",
             "inproc",
-            "-v",
+            "--repeats",
+            "1",
+            "--stages",
         ],
     );
     assert!(st.success(), "{st}\nstdout:\n{out}\nstderr:\n{err}");
     assert!(out.starts_with("Processing "), "{out}");
+    assert!(err.contains("pass 1/1 done"), "{err}");
     for needle in [
         "configuration",
         "local",
         "inproc",
+        "median",
+        "tax",
+        "cpu/line",
+        "×local",
+        "1 passes",
         "yes",
         "tokenize",
         "compute",

@@ -448,6 +448,51 @@ impl RunReport {
     }
 }
 
+/// Checks that `target`'s model takes tokenized lines and gives one logit
+/// per label (done once before its first [`run_line`]).
+pub fn check_target(target: &dyn Target, labels: &Labels) -> Result<(), ClassifierError> {
+    let plan = Plan::new(target.signature())?;
+    plan.check_labels(target.signature(), labels)
+}
+
+/// Classifies one line through `target` (checked with [`check_target`]).
+/// The time is measured on this thread around tokenize + request +
+/// response.
+pub fn run_line(
+    target: &mut dyn Target,
+    tok: &TextTokenizer,
+    labels: &Labels,
+    l: &InputLine,
+) -> Result<LineResult, ClassifierError> {
+    let t0 = Instant::now();
+    let enc = tok.encode(&l.text, l.number)?;
+    let t1 = Instant::now();
+    let inf = target.infer(&enc)?;
+    let total = t0.elapsed();
+    if inf.logits.len() != labels.len() {
+        return Err(ClassifierError::Model {
+            model: target.signature().name.clone(),
+            reason: format!(
+                "gave {} logits for line {}, but {} names {} labels",
+                inf.logits.len(),
+                l.number,
+                labels.path().display(),
+                labels.len()
+            ),
+        });
+    }
+    Ok(LineResult {
+        line: l.number,
+        tokens: enc.len(),
+        truncated_from: enc.truncated_from,
+        tokenize_ns: (t1 - t0).as_nanos() as u64,
+        total_ns: total.as_nanos() as u64,
+        prediction: argmax(&inf.logits).unwrap_or(0),
+        logits: inf.logits,
+        stages: inf.stages,
+    })
+}
+
 /// Classifies every line through `target`, one request per line, calling
 /// `on_line` after each (to print it as it comes). The time of a line is
 /// measured on this thread around tokenize + request + response. Fails on
@@ -460,37 +505,10 @@ pub fn run_lines(
     lines: &[InputLine],
     on_line: &mut dyn FnMut(&LineResult),
 ) -> Result<RunReport, ClassifierError> {
-    let plan = Plan::new(target.signature())?;
-    plan.check_labels(target.signature(), labels)?;
+    check_target(target, labels)?;
     let mut out = Vec::with_capacity(lines.len());
     for l in lines {
-        let t0 = Instant::now();
-        let enc = tok.encode(&l.text, l.number)?;
-        let t1 = Instant::now();
-        let inf = target.infer(&enc)?;
-        let total = t0.elapsed();
-        if inf.logits.len() != labels.len() {
-            return Err(ClassifierError::Model {
-                model: target.signature().name.clone(),
-                reason: format!(
-                    "gave {} logits for line {}, but {} names {} labels",
-                    inf.logits.len(),
-                    l.number,
-                    labels.path().display(),
-                    labels.len()
-                ),
-            });
-        }
-        let r = LineResult {
-            line: l.number,
-            tokens: enc.len(),
-            truncated_from: enc.truncated_from,
-            tokenize_ns: (t1 - t0).as_nanos() as u64,
-            total_ns: total.as_nanos() as u64,
-            prediction: argmax(&inf.logits).unwrap_or(0),
-            logits: inf.logits,
-            stages: inf.stages,
-        };
+        let r = run_line(target, tok, labels, l)?;
         on_line(&r);
         out.push(r);
     }

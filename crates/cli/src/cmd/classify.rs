@@ -18,14 +18,21 @@
 //! ...`; `--model-name` for another name). The label names always come from
 //! the model's JSON sidecar (`-m` with `.json`, or `--labels`).
 //!
-//! `--compare inproc,unix,tcp,tcp?nodelay=0` runs the file through the
-//! engine directly (`local`, the reference) and then through a fresh agent
-//! per configuration (`inproc` embedded; `unix`/`tcp` as `tensorwire serve`
-//! child processes on a temporary socket or loopback port, stopped with
-//! SIGTERM afterwards and killed on any error), checks that every prediction
-//! and every logit is bit-identical to `local`, and prints a table: first
-//! inference (cold start), average after the 4th line, RPC tax against
-//! `local`, identical. It exits non-zero if any configuration differs.
+//! `--compare inproc,shm,unix,tcp,tcp?nodelay=0` loads the engine directly
+//! (`local`, the reference) and starts a fresh agent per configuration
+//! (`inproc` embedded; `shm`/`unix`/`tcp` as `tensorwire serve` child
+//! processes, stopped with SIGTERM afterwards and killed on any error), all
+//! before the first line; then every line goes through every configuration
+//! in rotating order (line i starts at configuration i mod n, and odd passes
+//! go the other way round), for `--repeats` passes over the file (3), so
+//! that machine drift lands on every configuration alike. It checks that
+//! every prediction and every logit is bit-identical to `local`, and prints
+//! a table: first inference (cold start), median per-line latency with the
+//! min..max of the passes' medians, p99, the RPC tax (the median over lines
+//! of the configuration's time minus local's for the same line, absolute
+//! and as % of local's median, with the passes' min..max), CPU per line
+//! (client + agent) and its ratio to local's, identical. It exits non-zero
+//! if any configuration differs.
 //!
 //! Blank lines are skipped; a line over 512 tokens is truncated with a
 //! warning on stderr naming it. A file with no lines prints `No lines to
@@ -33,7 +40,7 @@
 //! anything.
 
 use super::CmdError;
-use classifier::agents::{AgentSpec, Transport};
+use classifier::agents::AgentSpec;
 use classifier::compare::{self, Workload};
 use classifier::paths::{self, DEFAULT_MODEL, DEFAULT_TOKENIZER, SETUP_HINT};
 use classifier::run::{self, LineResult, LocalTarget, RemoteTarget, RunReport, Target};
@@ -83,14 +90,20 @@ pub struct Args {
     /// local's, or the command fails.
     #[arg(long, value_name = "LIST")]
     compare: Option<String>,
+    /// With --compare: passes over the file, each line going through every
+    /// configuration in rotating order.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    repeats: u32,
     /// Print JSON instead of text (with --compare: the table as a list of
-    /// {config, first_ms, avg_ms, tax_ms, tax_pct, identical}).
+    /// {config, passes, lines, first_ms, avg_ms, median_ms, median_spread_ms,
+    /// p99_ms, tax_ms, tax_spread_ms, tax_pct, tax_pct_spread, client_cpu_us,
+    /// agent_cpu_us, cpu_us, cpu_vs_local, identical}).
     #[arg(long)]
     json: bool,
     /// Also print each line's tokenize time, and the agent's stages (mean
     /// over the lines after the 4th: request, payload, queue, compute,
     /// response).
-    #[arg(long, short = 'v')]
+    #[arg(long, short = 'v', visible_alias = "stages")]
     verbose: bool,
     /// ONNX Runtime intra-op threads (for local and the agents started here).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -291,7 +304,9 @@ fn single_json(report: &RunReport, file: &Path, labels: &Labels) -> serde_json::
     })
 }
 
-/// `--compare`: local, then one fresh agent per configuration.
+/// `--compare`: local and one fresh agent per configuration, all started
+/// first, then every line through every configuration in rotating order,
+/// `--repeats` times.
 fn run_compare(
     a: &Args,
     file: &Path,
@@ -314,52 +329,55 @@ fn run_compare(
         },
         timelines: a.verbose,
     };
+    let repeats = a.repeats as usize;
     if !a.json {
         println!("Processing {} lines from: {}", lines.len(), file.display());
         println!(
-            "model {} ({} labels), {} intra-op threads, batch 1; average over the lines after the {WARMUP_LINES}th",
+            "model {} ({} labels), {} intra-op threads, batch 1; {repeats} passes, each line \
+             through every configuration in rotating order; figures over the lines after the \
+             {WARMUP_LINES}th of each pass; tax = median over lines of (configuration - local) \
+             for the same line",
             model.display(),
             labels.len(),
             a.intra_threads
         );
     }
-    let progress = |r: &RunReport, how: &str| {
+    if a.intra_threads > 1 && !configs.is_empty() {
         eprintln!(
-            "tensorwire classify: {} done{how}: first {:.2} ms, average {} ms",
-            r.config,
-            r.first_ms().unwrap_or(0.0),
-            r.avg_ms().map_or("n/a".into(), |v| format!("{v:.2}"))
+            "tensorwire classify: warning: with {} intra-op threads, each engine's ONNX Runtime \
+             workers spin for a while after every run; with {} engines interleaved they compete \
+             for the cores and every latency (and CPU) is inflated. --intra-threads 1 avoids it.",
+            a.intra_threads,
+            configs.len() + 1
         );
-    };
-    let local = compare::run_local(&w)?;
-    progress(&local, " (engine called directly)");
-    let mut reports = Vec::new();
-    for c in configs {
-        let how = match c.transport {
-            Transport::Inproc => " (agent in this process)",
-            _ => " (tensorwire serve child process)",
-        };
-        let r = compare::run_config(c, &w)?;
-        progress(&r, how);
-        reports.push(r);
     }
-    let rows = compare::table(&local, &reports);
+    let started = std::time::Instant::now();
+    let x = compare::run_interleaved(configs, &w, repeats, &mut |pass| {
+        eprintln!(
+            "tensorwire classify: pass {pass}/{repeats} done ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+    })?;
+    let rows = compare::table(&x);
     if a.json {
         println!("{}", compare::to_json(&rows));
     } else {
         print!("{}", compare::render(&rows));
+        println!(
+            "cpu/line: this process's CPU during the configuration's lines (client; for local \
+             and inproc the engine or agent too) + the agent process's CPU (agent), per line"
+        );
         if a.verbose {
             println!();
-            let mut all = vec![local.clone()];
-            all.extend(reports.iter().cloned());
+            let all: Vec<RunReport> = (0..x.configs.len()).map(|c| x.merged(c)).collect();
             print!("{}", compare::render_stages(&all));
         }
     }
     let mut differing = Vec::new();
-    for r in &reports {
-        if let Some(d) = compare::first_difference(&local, r) {
-            eprintln!("tensorwire classify: {} differs from local: {d}", r.config);
-            differing.push(r.config.clone());
+    for (c, name) in x.configs.iter().enumerate() {
+        if let Some(d) = x.difference(c) {
+            eprintln!("tensorwire classify: {name} differs from local: {d}");
+            differing.push(name.clone());
         }
     }
     if differing.is_empty() {
