@@ -108,43 +108,6 @@ pub struct CopyStats {
     pub staged_bytes: u64,
 }
 
-/// How a client's waits for responses went with predicted waits: a wait
-/// predicted several times the spin budget ([`ClientOptions::spin`]) sleeps
-/// until a margin before the predicted arrival, then polls near it, then
-/// blocks (`transport::spin::WaitPlan`). On by default over `shm://`,
-/// `unix://` and `tcp://`; `TENSORWIRE_PREDICTED_WAIT=0` in the
-/// environment turns it off (all counters stay zero then).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WaitStats {
-    /// The current prediction of a wait for a response (`None` before a
-    /// few waits, or when off).
-    pub predicted: Option<Duration>,
-    /// Predicted-long waits whose response came while they slept (sooner
-    /// than predicted; they paid the wake-up).
-    pub sleeps_woken: u64,
-    /// Predicted-long waits that slept, then caught their response polling
-    /// near the predicted arrival (no wake-up).
-    pub sleeps_then_caught: u64,
-    /// Predicted-long waits that slept, polled their whole window, then
-    /// blocked.
-    pub sleeps_then_missed: u64,
-    /// Predicted-long waits that slept, then blocked without polling (the
-    /// polls near predicted arrivals kept missing, or no polling slot).
-    pub sleeps_then_blocked: u64,
-}
-
-impl WaitStats {
-    fn of_stream(s: &transport::StreamStats, e: Option<transport::spin::WaitEstimate>) -> Self {
-        WaitStats {
-            predicted: e.and_then(|e| e.predicted()).map(|(p, _)| p),
-            sleeps_woken: s.sleeps_woken,
-            sleeps_then_caught: s.sleeps_then_caught,
-            sleeps_then_missed: s.sleeps_then_missed,
-            sleeps_then_blocked: s.sleeps_then_blocked,
-        }
-    }
-}
-
 #[derive(Default)]
 struct CopyCounters {
     input: AtomicU64,
@@ -225,9 +188,6 @@ impl StreamLink {
 struct StreamLink {
     writer: Mutex<StreamWriter>,
     reader: Mutex<StreamConn>,
-    /// The reader's wait counters as of its last read (the reader may be
-    /// blocked holding `reader`).
-    waits: Mutex<WaitStats>,
     shared: Mutex<Shared>,
     cv: Condvar,
 }
@@ -349,14 +309,12 @@ impl Client {
             _ => {
                 let mut conn = transport::connect(&ep, opts.connect_timeout)?;
                 conn.set_spin(opts.spin);
-                conn.set_predicted_wait(transport::spin::PredictedWait::enabled());
                 let gone = |e: std::io::Error| ClientError::AgentGone(e.to_string());
                 conn.set_read_timeout(Some(opts.timeout)).map_err(gone)?;
                 conn.set_write_timeout(Some(opts.timeout)).map_err(gone)?;
                 Link::Stream(Box::new(StreamLink {
                     writer: Mutex::new(conn.writer().map_err(gone)?),
                     reader: Mutex::new(conn),
-                    waits: Mutex::new(WaitStats::default()),
                     shared: Mutex::new(Shared {
                         completed: IdMap::default(),
                         abandoned: IdSet::default(),
@@ -511,16 +469,6 @@ impl Client {
             output_bytes_copied: s.output.load(Ordering::Relaxed),
             requests: s.requests.load(Ordering::Relaxed),
             staged_bytes: s.staged.load(Ordering::Relaxed),
-        }
-    }
-
-    /// How this client's predicted waits went (see [`WaitStats`]; zeros
-    /// over `inproc://`).
-    pub fn wait_stats(&self) -> WaitStats {
-        match &self.inner.link {
-            Link::Shm(s) => s.wait_stats(),
-            Link::Stream(s) => *lock(&s.waits),
-            Link::Inproc { .. } => WaitStats::default(),
         }
     }
 
@@ -903,11 +851,9 @@ impl Inner {
         let received_ns = stamp_if(header.flags & flags::HAS_TIMELINE != 0);
         let mut payload = self.pool.take(header.payload_len as usize)?;
         conn.recv_payload(&mut payload)?;
-        let st = conn.stats();
         self.stats
             .staged
-            .store(st.staged_payload_bytes, Ordering::Relaxed);
-        *lock(&s.waits) = WaitStats::of_stream(&st, conn.wait_estimate());
+            .store(conn.stats().staged_payload_bytes, Ordering::Relaxed);
         Ok(Frame {
             header,
             desc,

@@ -47,8 +47,7 @@ mod shm;
 mod tensor;
 
 pub use conn::{
-    Client, ClientOptions, CopyStats, Model, ModelInfo, Response, ShmInfo, Ticket, WaitStats,
-    MAX_WAIT,
+    Client, ClientOptions, CopyStats, Model, ModelInfo, Response, ShmInfo, Ticket, MAX_WAIT,
 };
 pub use error::ClientError;
 pub use tensor::{Element, Tensor, TensorBuf, TensorRef};

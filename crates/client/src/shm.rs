@@ -22,14 +22,6 @@
 //! channel's hybrid wait (spin, then futex) in chunks of at most
 //! [`SLEEP_CHUNK`], so senders and pending releases get the channel between
 //! chunks, and files others' responses under their ids.
-//!
-//! Predicted waits (project issue 15): the link estimates how long its
-//! callers wait for their responses ([`PredictedWait`]). A wait predicted
-//! several times the spin budget sleeps on the futex (chunk by chunk, a
-//! response wakes it) until a margin before the predicted arrival, then
-//! polls the ring near it, then sleeps as before: a model that runs for
-//! milliseconds gets its cores while the caller waits, and its response
-//! is still caught without a wake-up.
 
 use crate::error::ClientError;
 use crate::ids::{IdMap, PendingIds};
@@ -41,7 +33,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use transport::shm::{Arena, Layout, ShmChannel, ShmError, WaitPolicy};
-use transport::spin::PredictedWait;
 use wire::{
     decode_tensor_section_in, Header, Kind, Limits, Placement, TensorDesc, Timeline, PAYLOAD_ALIGN,
 };
@@ -394,23 +385,6 @@ struct Shared {
     /// Callers parked on the condvar (no wake-up syscall when there are none).
     parked: usize,
     dead: Option<String>,
-    /// Predicted waits (`None`: off).
-    predict: Option<PredictedWait>,
-    /// How predicted waits ended.
-    waits: crate::conn::WaitStats,
-}
-
-/// Where a wait for a response is (see the module docs).
-#[derive(Clone, Copy, Debug)]
-enum Stage {
-    /// Spin (on the first chunk), then sleep: as without prediction.
-    Plain,
-    /// Predicted long: sleep until `until`, then spin for `spin`.
-    Sleep { until: Instant, spin: Duration },
-    /// Asleep until `Sleep`'s end: spin near the predicted arrival.
-    Spin(Duration),
-    /// Only sleep (in chunks) from now on.
-    Block,
 }
 
 /// A shared-memory session seen from the client.
@@ -485,8 +459,6 @@ impl ShmLink {
                     reading: false,
                     parked: 0,
                     dead: None,
-                    predict: PredictedWait::enabled().then(PredictedWait::new),
-                    waits: crate::conn::WaitStats::default(),
                 }),
                 filed: AtomicU64::new(0),
                 cv: Condvar::new(),
@@ -689,17 +661,6 @@ impl ShmLink {
         }
     }
 
-    /// How this link's predicted waits went so far.
-    pub(crate) fn wait_stats(&self) -> crate::conn::WaitStats {
-        let sh = lock(&self.shared);
-        let mut w = sh.waits;
-        w.predicted = sh
-            .predict
-            .and_then(|p| p.estimate.predicted())
-            .map(|(p, _)| p);
-        w
-    }
-
     /// Waits for the message answering `id`.
     pub(crate) fn wait_for(
         &self,
@@ -710,11 +671,8 @@ impl ShmLink {
     ) -> Result<(Header, Vec<u8>), ClientError> {
         // A response that comes while this caller spins (the common case)
         // costs no `clock_gettime`: the deadline is fixed only when the
-        // first chunk of waiting ends without it (unless predicted waits,
-        // which time every wait, are on).
+        // first chunk of waiting ends without it.
         let mut deadline: Option<Instant> = None;
-        let mut started: Option<Instant> = None;
-        let mut stage = Stage::Plain;
         let mut spun = false;
         let mut sh = lock(&self.shared);
         loop {
@@ -728,23 +686,10 @@ impl ShmLink {
             if let Some(d) = &sh.dead {
                 return Err(ClientError::AgentGone(d.clone()));
             }
-            if !spun && !sh.reading && started.is_none() {
-                if let Some(p) = &sh.predict {
-                    let now = Instant::now();
-                    started = Some(now);
-                    deadline.get_or_insert(now + timeout);
-                    if let Some(plan) = p.estimate.plan(spin) {
-                        stage = Stage::Sleep {
-                            until: now + plan.sleep,
-                            spin: plan.spin,
-                        };
-                    }
-                }
-            }
             // How long the next chunk of waiting may take; `None` on the
             // first pass, which reads no clock.
             let mut limit = None;
-            if spun || sh.reading || !matches!(stage, Stage::Plain) {
+            if spun || sh.reading {
                 let now = Instant::now();
                 let d = *deadline.get_or_insert(now + timeout);
                 if now >= d {
@@ -763,44 +708,22 @@ impl ShmLink {
                     continue;
                 }
                 limit = Some((d - now).min(SLEEP_CHUNK));
-                if let Stage::Sleep { until, spin } = stage {
-                    if now >= until {
-                        stage = if sh
-                            .predict
-                            .as_mut()
-                            .is_some_and(|p| !p.gate.grant().is_zero())
-                        {
-                            Stage::Spin(spin)
-                        } else {
-                            sh.waits.sleeps_then_blocked += 1;
-                            Stage::Block
-                        };
-                    } else {
-                        limit = Some((until - now).min(SLEEP_CHUNK).min(d - now));
-                    }
-                }
-                if let Stage::Spin(w) = stage {
-                    limit = Some(w.min(d - now));
-                }
             }
             sh.reading = true;
             let filed = self.filed.load(Ordering::Relaxed);
             drop(sh);
             // Spin only on the first chunk; later chunks go straight to sleep.
-            let policy = match stage {
-                Stage::Plain if !spun => WaitPolicy {
-                    spin,
-                    ..WaitPolicy::CLIENT
-                },
-                Stage::Spin(w) => WaitPolicy {
-                    spin: w,
-                    ..WaitPolicy::CLIENT
-                },
-                _ => WaitPolicy {
+            let policy = if spun {
+                WaitPolicy {
                     spin: Duration::ZERO,
                     slice: SLEEP_CHUNK,
                     ..WaitPolicy::CLIENT
-                },
+                }
+            } else {
+                WaitPolicy {
+                    spin,
+                    ..WaitPolicy::CLIENT
+                }
             };
             let limit = limit.unwrap_or_else(|| timeout.min(policy.spin + SLEEP_CHUNK));
             spun = true;
@@ -813,48 +736,16 @@ impl ShmLink {
                     && lock(&self.shared).completed.contains_key(&id)
                 {
                     None
-                } else if let Stage::Sleep { .. } = stage {
-                    // Sleep, waking for a message; poll only once asleep
-                    // for the whole stage.
-                    match ch.sleep_for(limit) {
-                        Ok(true) => ch.try_recv(recv_limits).transpose(),
-                        Ok(false) => None,
-                        Err(e) => Some(Err(e)),
-                    }
                 } else {
                     Some(ch.recv(recv_limits, policy, Some(limit)))
                 }
             };
             sh = lock(&self.shared);
             sh.reading = false;
-            let caught = matches!(&r, Some(Ok(m)) if m.0.request_id == id && id != 0);
-            match stage {
-                Stage::Sleep { .. } if caught => sh.waits.sleeps_woken += 1,
-                Stage::Spin(_) => {
-                    // (Someone else's message, or ours filed by a sender:
-                    // says nothing about the prediction.)
-                    let missed = matches!(r, Some(Err(ShmError::TimedOut)));
-                    if caught {
-                        sh.waits.sleeps_then_caught += 1;
-                    } else if missed {
-                        sh.waits.sleeps_then_missed += 1;
-                    }
-                    if caught || missed {
-                        if let Some(p) = sh.predict.as_mut() {
-                            p.gate.record(caught);
-                        }
-                    }
-                    stage = Stage::Block;
-                }
-                _ => {}
-            }
             match r {
                 None | Some(Err(ShmError::TimedOut)) => {}
-                Some(Ok(m)) if caught => {
+                Some(Ok(m)) if m.0.request_id == id && id != 0 => {
                     // Ours (the common case): straight back to the caller.
-                    if let (Some(p), Some(t0)) = (sh.predict.as_mut(), started) {
-                        p.estimate.record(t0.elapsed());
-                    }
                     sh.pending.remove(id);
                     self.wake(&sh);
                     return Ok(m);

@@ -25,15 +25,6 @@
 //! [`StreamStats::spins_caught`] and [`StreamStats::spins_missed`] count how
 //! the spins ended.
 //!
-//! Predicted waits ([`StreamConn::set_predicted_wait`], for a client whose
-//! waits between messages are its requests' round trips): the connection
-//! estimates how long its waits for a next message take
-//! ([`crate::spin::WaitEstimate`]); a wait predicted long blocks in `poll`
-//! with a timeout until shortly before the predicted arrival, then spins
-//! near it, then blocks as before ([`crate::spin::WaitPlan`];
-//! [`StreamStats::sleeps_then_caught`] and the counters beside it). Waits
-//! inside a message are never planned nor counted in the estimate.
-//!
 //! Timeouts: the socket's read timeout bounds how long a read waits. Timing
 //! out *between* messages is harmless ([`RecvError::TimedOut`], still in
 //! sync); timing out *inside* a message means the peer stalled and the
@@ -41,7 +32,7 @@
 
 use crate::error::RecvError;
 use crate::peer::PeerId;
-use crate::spin::{PredictedWait, Spin, SpinGate, SpinSlots, WaitPlan, SOCKET_POLLERS};
+use crate::spin::{Spin, SpinGate, SpinSlots, SOCKET_POLLERS};
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{recv, sendmsg, RecvFlags, SendAncillaryBuffer, SendFlags};
@@ -50,7 +41,7 @@ use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use wire::{align_up, Header, Limits, HEADER_LEN};
 
 /// Size of the staging buffer a header is read into (payload bytes that
@@ -81,18 +72,6 @@ pub struct StreamStats {
     /// Reads that blocked without spinning because as many other threads
     /// of this process were polling as [`SOCKET_POLLERS`] allows.
     pub spins_crowded: u64,
-    /// Predicted-long waits whose message came while they slept, before
-    /// their spin near the predicted arrival (they paid the wake-up).
-    pub sleeps_woken: u64,
-    /// Predicted-long waits that slept, then caught their message spinning
-    /// near the predicted arrival (no wake-up).
-    pub sleeps_then_caught: u64,
-    /// Predicted-long waits that slept, spun their whole window, then
-    /// blocked.
-    pub sleeps_then_missed: u64,
-    /// Predicted-long waits that slept and then blocked without spinning:
-    /// their spin gate was closed or every polling slot was taken.
-    pub sleeps_then_blocked: u64,
 }
 
 /// The socket, shared (not `dup`ed) between a [`StreamConn`] and its
@@ -122,123 +101,17 @@ impl Sock {
     /// Reads what is there, spinning first if `gate` grants a budget (see
     /// the module docs), then blocking as [`Sock::read`] does — or, when
     /// `block` is false, failing with `WouldBlock` instead of blocking.
-    /// With `predict` (a wait for a next message, predicted waits on), the
-    /// wait is timed into its estimate and, when predicted long, follows
-    /// its plan ([`Sock::read_planned`]).
     fn read_waiting(
         &mut self,
         buf: &mut [u8],
         gate: &mut SpinGate,
         slots: &SpinSlots,
         stats: &mut StreamStats,
-        predict: Option<&mut PredictedWait>,
         block: bool,
     ) -> io::Result<usize> {
         if (gate.budget().is_zero() || buf.is_empty()) && block {
             return self.read(buf);
         }
-        let Some(p) = predict.filter(|_| block) else {
-            return self.read_spinning(buf, gate, slots, stats, block);
-        };
-        let start = Instant::now();
-        let r = match p.estimate.plan(gate.budget()) {
-            Some(plan) => self.read_planned(buf, plan, &mut p.gate, slots, stats, start),
-            None => self.read_spinning(buf, gate, slots, stats, true),
-        };
-        if r.is_ok() {
-            p.estimate.record(start.elapsed());
-        }
-        r
-    }
-
-    /// A wait predicted long (see the module docs): blocks in `poll` until
-    /// `plan.sleep` after `start` (a message wakes it sooner), then spins
-    /// for at most `plan.spin` if `gate` grants it and a slot is free, then
-    /// blocks in `read`.
-    fn read_planned(
-        &mut self,
-        buf: &mut [u8],
-        plan: WaitPlan,
-        gate: &mut SpinGate,
-        slots: &SpinSlots,
-        stats: &mut StreamStats,
-        start: Instant,
-    ) -> io::Result<usize> {
-        let mut slept = false;
-        loop {
-            match recv(self.fd(), &mut *buf, RecvFlags::DONTWAIT) {
-                Ok((n, _)) => {
-                    if slept {
-                        stats.sleeps_woken += 1;
-                    }
-                    return Ok(n);
-                }
-                Err(Errno::INTR) => continue,
-                Err(Errno::AGAIN) => {}
-                Err(e) => return Err(e.into()),
-            }
-            let left = plan.sleep.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                break;
-            }
-            slept = true;
-            let fd = self.fd();
-            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-            let ts = rustix::time::Timespec {
-                tv_sec: left.as_secs() as i64,
-                tv_nsec: left.subsec_nanos() as i64,
-            };
-            match poll(&mut fds, Some(&ts)) {
-                Ok(_) | Err(Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let slot = if gate.grant().is_zero() {
-            None
-        } else {
-            let s = slots.try_take();
-            if s.is_none() {
-                stats.spins_crowded += 1;
-            }
-            s
-        };
-        if slot.is_some() {
-            let mut spin = Spin::new(plan.spin, SOCKET_POLLS_PER_CHECK);
-            loop {
-                match recv(self.fd(), &mut *buf, RecvFlags::DONTWAIT) {
-                    Ok((n, _)) => {
-                        stats.sleeps_then_caught += 1;
-                        gate.record(true);
-                        return Ok(n);
-                    }
-                    Err(Errno::INTR) => {}
-                    Err(Errno::AGAIN) => {
-                        if !spin.again() {
-                            break;
-                        }
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            drop(slot);
-            stats.sleeps_then_missed += 1;
-            gate.record(false);
-        } else {
-            stats.sleeps_then_blocked += 1;
-        }
-        self.read(buf)
-    }
-
-    /// [`Sock::read_waiting`] without prediction: spin if `gate` grants a
-    /// budget, then block (or fail with `WouldBlock`).
-    fn read_spinning(
-        &mut self,
-        buf: &mut [u8],
-        gate: &mut SpinGate,
-        slots: &SpinSlots,
-        stats: &mut StreamStats,
-        block: bool,
-    ) -> io::Result<usize> {
         let mut spin: Option<Spin> = None;
         let mut slot = None;
         loop {
@@ -303,8 +176,6 @@ pub struct StreamConn {
     stats: StreamStats,
     gate: SpinGate,
     slots: &'static SpinSlots,
-    /// Predicted waits for next messages (off: `None`).
-    predict: Option<PredictedWait>,
     peer: String,
     parking: bool,
 }
@@ -325,7 +196,6 @@ impl StreamConn {
             stats: StreamStats::default(),
             gate: SpinGate::new(Duration::ZERO),
             slots: &SOCKET_POLLERS,
-            predict: None,
             peer,
             parking: false,
         }
@@ -377,20 +247,6 @@ impl StreamConn {
     /// blocks (zero, the default, blocks at once). See the module docs.
     pub fn set_spin(&mut self, budget: Duration) {
         self.gate = SpinGate::new(budget);
-    }
-
-    /// Predicted waits (see the module docs): a read waiting for a next
-    /// message times the wait and, once its waits are predicted long,
-    /// sleeps until shortly before the predicted arrival and spins only
-    /// then. For a client, whose waits are its requests' round trips; it
-    /// takes effect only with a spin budget ([`StreamConn::set_spin`]).
-    pub fn set_predicted_wait(&mut self, on: bool) {
-        self.predict = on.then(PredictedWait::new);
-    }
-
-    /// The current wait estimate, if predicted waits are on.
-    pub fn wait_estimate(&self) -> Option<crate::spin::WaitEstimate> {
-        self.predict.map(|p| p.estimate)
     }
 
     /// As [`StreamConn::set_spin`], polling in `slots` instead of the
@@ -511,7 +367,6 @@ impl StreamConn {
                 &mut self.gate,
                 self.slots,
                 &mut self.stats,
-                None,
                 true,
             ) {
                 Ok(0) => return Err(mid_message(io::ErrorKind::UnexpectedEof)),
@@ -565,14 +420,11 @@ impl StreamConn {
         }
         while self.end - self.start < n {
             let empty = at_boundary && self.start == self.end;
-            // Only a wait for a next message is predicted (and timed).
-            let predict = self.predict.as_mut().filter(|_| empty);
             match self.sock.read_waiting(
                 &mut self.staging[self.end..],
                 &mut self.gate,
                 self.slots,
                 &mut self.stats,
-                predict,
                 !park,
             ) {
                 Ok(0) if empty => return Err(RecvError::Closed),
@@ -919,67 +771,6 @@ mod tests {
             "{s:?}"
         );
         assert!(spun < n, "{s:?}");
-    }
-
-    /// `b` asks `a` (a thread) `n` times; `a` answers each after `delay`.
-    fn ask_n_times(a: StreamConn, b: &mut StreamConn, n: usize, delay: Duration) {
-        let t = std::thread::spawn(move || {
-            let mut a = a;
-            for _ in 0..n {
-                assert_eq!(a.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
-                std::thread::sleep(delay);
-                a.send(&Header::new(Kind::Pong), &[], &[]).unwrap();
-            }
-        });
-        for _ in 0..n {
-            b.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
-            assert_eq!(b.recv_head(&Limits::default()).unwrap().0.kind, Kind::Pong);
-        }
-        t.join().unwrap();
-    }
-
-    #[test]
-    fn a_predicted_long_wait_sleeps_then_catches_its_message_spinning() {
-        let (a, mut b, _) = spinning_pair(Duration::from_micros(200));
-        b.set_predicted_wait(true);
-        let n = 40;
-        ask_n_times(a, &mut b, n, Duration::from_millis(3));
-        let s = b.stats();
-        let (p, _) = b.wait_estimate().unwrap().predicted().unwrap();
-        assert!(p >= Duration::from_millis(3), "{p:?}");
-        let planned =
-            s.sleeps_woken + s.sleeps_then_caught + s.sleeps_then_missed + s.sleeps_then_blocked;
-        // The first waits are not planned (warm-up, and a first deviation
-        // guess of half the wait); after them most are, though a wait far
-        // off the estimate on a loaded machine may cancel the plan for a
-        // few. Lenient for a noisy 2-core machine: a quarter of all waits
-        // must have slept and then caught their message spinning.
-        assert!(planned >= (n / 2) as u64, "{s:?}");
-        assert!(s.sleeps_then_caught >= (n / 4) as u64, "{s:?}");
-        // The plain spins (unplanned waits) keep missing 3 ms.
-        assert!(s.spins_caught + s.spins_missed < (n / 2) as u64, "{s:?}");
-    }
-
-    #[test]
-    fn quick_answers_are_not_planned() {
-        let (a, mut b, _) = spinning_pair(Duration::from_micros(200));
-        b.set_predicted_wait(true);
-        ask_n_times(a, &mut b, 30, Duration::ZERO);
-        let s = b.stats();
-        assert_eq!(
-            s.sleeps_woken + s.sleeps_then_caught + s.sleeps_then_missed + s.sleeps_then_blocked,
-            0,
-            "{s:?}"
-        );
-        assert!(b.wait_estimate().unwrap().samples() == 30);
-    }
-
-    #[test]
-    fn predicted_waits_are_off_by_default() {
-        let (a, mut b, _) = spinning_pair(Duration::from_micros(200));
-        ask_n_times(a, &mut b, 10, Duration::from_millis(1));
-        assert_eq!(b.wait_estimate(), None);
-        assert_eq!(b.stats().sleeps_then_caught, 0);
     }
 
     #[test]

@@ -621,40 +621,6 @@ impl ShmChannel {
         }
     }
 
-    /// Sleeps on the futex until a message is ready or `timeout` has
-    /// passed, without taking the message: `Ok(true)` when one is ready.
-    /// For a client that predicts its answer's arrival: it sleeps here
-    /// until shortly before it, then polls with [`ShmChannel::recv`].
-    ///
-    /// The handshake is the sleep loop's (PROTOCOL §14.9): set the sleep
-    /// word, fence, look at the ring again, sleep; then clear the word. A
-    /// sender that publishes while the word is set wakes this side; one
-    /// that saw the word set and wakes it after it cleared the word (or
-    /// after its timeout) only makes a wake nobody waits for, or wakes a
-    /// later sleep of this loop early, which looks again and sleeps on.
-    pub fn sleep_for(&mut self, timeout: Duration) -> Result<bool, ShmError> {
-        let start = std::time::Instant::now();
-        self.publish_spin(0);
-        loop {
-            if self.rx.ready() {
-                return Ok(true);
-            }
-            let left = timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return Ok(false);
-            }
-            self.my_sleep().store(SLEEP_FUTEX, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if !self.rx.ready() {
-                futex::wait(self.my_sleep(), SLEEP_FUTEX, Some(left))?;
-            }
-            self.my_sleep().store(0, Ordering::SeqCst);
-            if !self.rx.ready() && !self.peer_alive() {
-                return Err(ShmError::PeerGone);
-            }
-        }
-    }
-
     /// The wait loop of `recv` and `recv_or_park`: `Ok(None)` when `limit`
     /// ran out (`recv`) or the side parked (`park_after`).
     fn wait(
@@ -956,42 +922,6 @@ mod tests {
             assert_eq!(r.request_id, i);
         }
         t.join().unwrap();
-    }
-
-    #[test]
-    fn a_timed_sleep_wakes_for_a_message_and_ends_on_time() {
-        let (mut c, mut a, limits) = pair(small());
-        // Nothing comes: it sleeps about its timeout, the word cleared.
-        let t = Instant::now();
-        assert!(!c.sleep_for(Duration::from_millis(20)).unwrap());
-        assert!(t.elapsed() >= Duration::from_millis(20));
-        assert_eq!(c.my_sleep().load(Ordering::SeqCst), 0);
-        // A message sent meanwhile wakes it long before its timeout.
-        let t = Instant::now();
-        let agent = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(10));
-            let mut h = Header::new(Kind::Pong);
-            h.request_id = 7;
-            assert!(a.send(&h, &[]).unwrap());
-            a
-        });
-        assert!(c.sleep_for(Duration::from_secs(5)).unwrap());
-        assert!(t.elapsed() < Duration::from_secs(4));
-        assert_eq!(c.my_sleep().load(Ordering::SeqCst), 0);
-        // It did not take the message.
-        let (h, _) = c.recv(&limits, WaitPolicy::CLIENT, None).unwrap();
-        assert_eq!(h.request_id, 7);
-        // Already there: no sleep at all.
-        let mut a = agent.join().unwrap();
-        assert!(a.send(&Header::new(Kind::Pong), &[]).unwrap());
-        assert!(c.sleep_for(Duration::from_secs(5)).unwrap());
-        // A dead peer ends the sleep.
-        let _ = c.try_recv(&limits);
-        drop(a);
-        assert!(matches!(
-            c.sleep_for(Duration::from_millis(50)),
-            Err(ShmError::PeerGone)
-        ));
     }
 
     #[test]
