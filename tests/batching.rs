@@ -75,6 +75,20 @@ fn infer(uri: &str, model: &str, x: &[u8]) -> Result<Vec<u8>, client::ClientErro
     Ok(r.outputs[0].bytes().to_vec())
 }
 
+type Call = std::thread::JoinHandle<Result<Vec<u8>, client::ClientError>>;
+
+/// Sends each part's rows to `batched` over `uri` at once, each on its
+/// own connection and thread.
+fn send_batched(uri: &str, parts: &[std::ops::Range<usize>]) -> Vec<Call> {
+    parts
+        .iter()
+        .map(|r| {
+            let (uri, x) = (uri.to_string(), rows(r.clone()));
+            std::thread::spawn(move || infer(&uri, "batched", &x))
+        })
+        .collect()
+}
+
 fn stats(agent: &Agent) -> server::StatsSnapshot {
     agent
         .core()
@@ -93,13 +107,7 @@ fn batched_results_equal_unbatched_ones_on_every_transport() {
         for (round, (what, uri)) in (1u64..).zip(&uris) {
             // Three requests of 1, 1 and 2 rows: one batch of 4.
             let parts = [0..1, 1..2, 2..4];
-            let calls: Vec<_> = parts
-                .iter()
-                .map(|r| {
-                    let (uri, x) = (uri.clone(), rows(r.clone()));
-                    std::thread::spawn(move || infer(&uri, "batched", &x))
-                })
-                .collect();
+            let calls = send_batched(uri, &parts);
             for (r, h) in parts.iter().zip(calls) {
                 let got = h.join().expect("caller").expect("batched call");
                 let alone = infer(uri, "digits", &rows(r.clone())).expect("unbatched call");
@@ -161,13 +169,7 @@ fn a_client_killed_while_its_request_waits_in_a_batch_costs_the_others_nothing()
             // Its request still fills its batch: the others' three rows
             // complete it, and they get their own answers.
             let parts = [0..1, 1..3];
-            let calls: Vec<_> = parts
-                .iter()
-                .map(|r| {
-                    let (uri, x) = (uri.clone(), rows(r.clone()));
-                    std::thread::spawn(move || infer(&uri, "batched", &x))
-                })
-                .collect();
+            let calls = send_batched(uri, &parts);
             let expected = digits_expected();
             for (r, h) in parts.iter().zip(calls) {
                 let got = logits(&h.join().expect("caller").expect("a live member"));

@@ -353,6 +353,22 @@ fn arrival_name(a: Arrival) -> &'static str {
     }
 }
 
+/// The model `file` of `models/build` under `root` as workload `name`,
+/// generated inputs with `dyn_dim` for its dynamic dims.
+fn model_workload(
+    root: &Path,
+    name: &str,
+    file: &str,
+    dyn_dim: u64,
+) -> Result<Workload, BenchError> {
+    Ok(Workload::Model {
+        name: name.into(),
+        path: built_model(root, file)?,
+        dyn_dim,
+        files: Vec::new(),
+    })
+}
+
 /// `models/build/NAME`, resolved against the repository (or the current
 /// directory); an error naming `scripts/setup.sh` when missing.
 pub fn built_model(root: &Path, name: &str) -> Result<PathBuf, BenchError> {
@@ -427,14 +443,7 @@ pub fn vaccel(quick: bool) -> Plan {
 /// Hanafy et al.'s breakdown: four models over every transport, 1 → 16
 /// clients.
 pub fn breakdown(root: &Path, quick: bool) -> Result<Plan, BenchError> {
-    let model = |name: &str, file: &str, dyn_dim: u64| -> Result<Workload, BenchError> {
-        Ok(Workload::Model {
-            name: name.into(),
-            path: built_model(root, file)?,
-            dyn_dim,
-            files: Vec::new(),
-        })
-    };
+    let model = |name: &str, file: &str, dyn_dim: u64| model_workload(root, name, file, dyn_dim);
     let mut workloads = vec![
         Workload::Identity { bytes: 588 << 10 },
         model("mobilenetv2", "mobilenetv2.onnx", 1)?,
@@ -542,14 +551,7 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
 /// open-loop Poisson sweep at fractions of each target's capacity over 16
 /// connections. Quick: LeNet at 1 and 16 clients, MobileNetV2 at 16.
 pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
-    let model = |name: &str, file: &str, dyn_dim: u64| -> Result<Workload, BenchError> {
-        Ok(Workload::Model {
-            name: name.into(),
-            path: built_model(root, file)?,
-            dyn_dim,
-            files: Vec::new(),
-        })
-    };
+    let model = |name: &str, file: &str, dyn_dim: u64| model_workload(root, name, file, dyn_dim);
     let closed = |clients: &[usize]| -> Vec<LoadSpec> {
         clients
             .iter()

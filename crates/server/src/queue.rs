@@ -365,11 +365,9 @@ impl ModelQueue {
             }
             if !told_pool {
                 // It waits for members: other workers must read their
-                // requests (see `admit_in_turn`). Then look again.
+                // requests. Then look again.
                 told_pool = true;
-                drop(s);
-                crate::reactor::will_block();
-                s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                s = self.tell_pool(s);
                 continue;
             }
             s.gathering += 1;
@@ -569,15 +567,10 @@ impl ModelQueue {
                 });
             }
             if !told_pool {
-                // This thread is about to wait: on a worker of the agent's
-                // pool, make sure another one reads the connections
-                // meanwhile (the requests behind this one, a batch's
-                // members among them). Not under the lock: it may start a
-                // thread. Then look again.
+                // About to wait (the requests behind this one, a batch's
+                // members among them, must still be read). Then look again.
                 told_pool = true;
-                drop(s);
-                crate::reactor::will_block();
-                s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                s = self.tell_pool(s);
                 continue;
             }
             // Woken when it is the best waiter and a run is free (a run
@@ -598,6 +591,19 @@ impl ModelQueue {
         // The next waiter may be admissible too (concurrency > 1).
         self.wake_best(&s);
         Ok(true)
+    }
+
+    /// Tells the agent's worker pool that this thread is about to wait
+    /// ([`crate::reactor::will_block`]: on a worker, another one is
+    /// started if none is left to read connections), outside the lock (it
+    /// may start a thread); returns the lock taken again.
+    fn tell_pool<'a>(
+        &'a self,
+        s: std::sync::MutexGuard<'a, State>,
+    ) -> std::sync::MutexGuard<'a, State> {
+        drop(s);
+        crate::reactor::will_block();
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Wakes the waiter to admit next if a run is free (the state's lock
