@@ -145,15 +145,18 @@ fn batched_results_equal_unbatched_ones_on_every_transport() {
 #[test]
 fn a_client_killed_while_its_request_waits_in_a_batch_costs_the_others_nothing() {
     within(LIMIT, "killed batch member", || {
-        let (agent, uris, _dir) = agent(4);
+        let (agent, uris, dir) = agent(4);
         let model = agent.core().registry.find("batched").expect("batched");
+        // The client process's input: row 3 of the digits input.
+        let sample = dir.path().join("x.npy");
+        npy::write_npy(&sample, DType::F32, &[1, 64], &rows(3..4)).expect("write x.npy");
         for (what, uri) in uris.iter().filter(|(w, _)| *w != "inproc") {
             let before = stats(&agent);
             // A client process sends one row; its request leads a batch
             // and waits for three more rows.
             let mut kid = tensorwire_command()
                 .args(["infer", "--connect", uri, "--model", "batched", "--input"])
-                .arg(format!("x={}", built("digits_sample.npy").display()))
+                .arg(format!("x={}", sample.display()))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
