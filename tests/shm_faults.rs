@@ -386,7 +386,7 @@ impl Raw {
         shm_dir();
         let path = control_path(name).expect("control path");
         let (ch, limits) =
-            ShmChannel::connect(&path, &Limits::default(), 1, Duration::from_secs(5))?;
+            ShmChannel::connect(&path, &Limits::default(), None, 1, Duration::from_secs(5))?;
         Ok(Raw {
             ch,
             limits,

@@ -45,6 +45,13 @@ create_exception!(
 );
 create_exception!(
     _native,
+    PermissionDenied,
+    TensorwireError,
+    "The client's tenant may not do this: call or see the model, or connect with this \
+     token (the agent's tenants file decides; the message names the model and tenant)."
+);
+create_exception!(
+    _native,
     Timeout,
     TensorwireError,
     "No response came within the timeout (the request was given up), or the request \
@@ -106,6 +113,7 @@ pub fn to_py(e: ClientError) -> PyErr {
         ClientError::AgentGone(_) => Disconnected::new_err(msg),
         ClientError::ShuttingDown(_) => ShuttingDown::new_err(msg),
         ClientError::Engine(_) => EngineError::new_err(msg),
+        ClientError::PermissionDenied(_) => PermissionDenied::new_err(msg),
         ClientError::Remote { .. } | ClientError::Protocol(_) => ProtocolError::new_err(msg),
     }
 }
@@ -132,6 +140,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InvalidInput", py.get_type::<InvalidInput>())?;
     m.add("LimitExceeded", py.get_type::<LimitExceeded>())?;
     m.add("Overloaded", py.get_type::<Overloaded>())?;
+    m.add("PermissionDenied", py.get_type::<PermissionDenied>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
     m.add("Disconnected", py.get_type::<Disconnected>())?;
     m.add("ShuttingDown", py.get_type::<ShuttingDown>())?;

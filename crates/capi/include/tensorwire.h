@@ -112,6 +112,11 @@ typedef enum tw_status {
    * A bug in the library (it panicked); the message says where.
    */
   TW_ERR_INTERNAL = 15,
+  /**
+   * The client's tenant may not do this: call or see the model, or
+   * connect with this token (the agent's tenants file decides).
+   */
+  TW_ERR_PERMISSION_DENIED = 16,
 } tw_status;
 
 /**
@@ -341,11 +346,14 @@ size_t tw_dtype_size(tw_dtype dtype);
  * `tcp://HOST:PORT` or `inproc://NAME`. `timeout_s` bounds connecting and
  * then each call's wait for its response, in seconds; 0 takes the
  * defaults (5 s to connect, 30 s per call). On success `*out` is the new
- * client (close it with `tw_client_close`); on failure it is NULL.
+ * client (close it with `tw_client_close`); on failure it is NULL. The
+ * environment variable `TENSORWIRE_TOKEN`, when set and not empty, is the
+ * bearer token sent in the Hello (it names the client's tenant).
  *
  * Errors: `TW_ERR_CONNECT` (malformed URI, nothing listening), or what the
  * agent answered (`TW_ERR_DISCONNECTED` when it refuses the session, e.g.
- * at its connection limit).
+ * at its connection limit; `TW_ERR_PERMISSION_DENIED` for a token it does
+ * not accept).
  *
  * # Safety
  * `uri` is NULL or a NUL-terminated string; `out` is NULL or valid for a

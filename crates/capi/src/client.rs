@@ -35,11 +35,14 @@ pub fn timeout_from_c(seconds: f64, name: &str) -> Result<Option<Duration>, Fail
 /// `tcp://HOST:PORT` or `inproc://NAME`. `timeout_s` bounds connecting and
 /// then each call's wait for its response, in seconds; 0 takes the
 /// defaults (5 s to connect, 30 s per call). On success `*out` is the new
-/// client (close it with `tw_client_close`); on failure it is NULL.
+/// client (close it with `tw_client_close`); on failure it is NULL. The
+/// environment variable `TENSORWIRE_TOKEN`, when set and not empty, is the
+/// bearer token sent in the Hello (it names the client's tenant).
 ///
 /// Errors: `TW_ERR_CONNECT` (malformed URI, nothing listening), or what the
 /// agent answered (`TW_ERR_DISCONNECTED` when it refuses the session, e.g.
-/// at its connection limit).
+/// at its connection limit; `TW_ERR_PERMISSION_DENIED` for a token it does
+/// not accept).
 ///
 /// # Safety
 /// `uri` is NULL or a NUL-terminated string; `out` is NULL or valid for a
@@ -55,7 +58,12 @@ pub unsafe extern "C" fn tw_connect(
         let out = unsafe { arg_out(out, std::ptr::null_mut(), "out") }?;
         // SAFETY: the caller's contract on `uri`.
         let uri = unsafe { arg_str(uri, "uri") }?;
-        let mut opts = ClientOptions::default();
+        let mut opts = ClientOptions {
+            token: std::env::var("TENSORWIRE_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+            ..ClientOptions::default()
+        };
         if let Some(t) = timeout_from_c(timeout_s, "timeout_s")? {
             opts.timeout = t;
             opts.connect_timeout = t;

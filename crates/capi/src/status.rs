@@ -51,10 +51,13 @@ pub enum TwStatus {
     TW_ERR_BUFFER_TOO_SMALL = 14,
     /// A bug in the library (it panicked); the message says where.
     TW_ERR_INTERNAL = 15,
+    /// The client's tenant may not do this: call or see the model, or
+    /// connect with this token (the agent's tenants file decides).
+    TW_ERR_PERMISSION_DENIED = 16,
 }
 
 /// Every status, in code order.
-const ALL: [TwStatus; 16] = [
+const ALL: [TwStatus; 17] = [
     TwStatus::TW_OK,
     TwStatus::TW_ERR_CONNECT,
     TwStatus::TW_ERR_UNKNOWN_MODEL,
@@ -71,6 +74,7 @@ const ALL: [TwStatus; 16] = [
     TwStatus::TW_ERR_INVALID_ARGUMENT,
     TwStatus::TW_ERR_BUFFER_TOO_SMALL,
     TwStatus::TW_ERR_INTERNAL,
+    TwStatus::TW_ERR_PERMISSION_DENIED,
 ];
 
 impl TwStatus {
@@ -90,6 +94,7 @@ impl TwStatus {
             ClientError::Engine(_) => TwStatus::TW_ERR_ENGINE,
             ClientError::Remote { .. } => TwStatus::TW_ERR_REMOTE,
             ClientError::Protocol(_) => TwStatus::TW_ERR_PROTOCOL,
+            ClientError::PermissionDenied(_) => TwStatus::TW_ERR_PERMISSION_DENIED,
         }
     }
 
@@ -108,6 +113,7 @@ impl TwStatus {
             TwStatus::TW_ERR_ENGINE => c"TW_ERR_ENGINE",
             TwStatus::TW_ERR_REMOTE => c"TW_ERR_REMOTE",
             TwStatus::TW_ERR_PROTOCOL => c"TW_ERR_PROTOCOL",
+            TwStatus::TW_ERR_PERMISSION_DENIED => c"TW_ERR_PERMISSION_DENIED",
             TwStatus::TW_ERR_NULL_ARGUMENT => c"TW_ERR_NULL_ARGUMENT",
             TwStatus::TW_ERR_INVALID_ARGUMENT => c"TW_ERR_INVALID_ARGUMENT",
             TwStatus::TW_ERR_BUFFER_TOO_SMALL => c"TW_ERR_BUFFER_TOO_SMALL",

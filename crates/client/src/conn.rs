@@ -21,9 +21,9 @@ use transport::inproc::{InprocReply, InprocRequest, InprocService};
 use transport::{Endpoint, RecvError, StreamConn, StreamWriter};
 use wire::{
     decode_error_body, decode_hello, decode_model_list, decode_signature, decode_tensor_section,
-    encode_hello, encode_model_name, encode_tensor_section, flags, layout_payload, monotonic_ns,
-    BufPool, DType, Header, Kind, Limits, ModelSignature, PooledBuf, TensorDesc, Timeline,
-    DESC_FIXED_LEN, MAX_DIMS,
+    encode_hello_with_token, encode_model_name, encode_tensor_section, flags, layout_payload,
+    monotonic_ns, BufPool, DType, Header, Kind, Limits, ModelSignature, PooledBuf, TensorDesc,
+    Timeline, DESC_FIXED_LEN, MAX_DIMS,
 };
 
 /// The longest a client waits for anything (100 years): a longer timeout
@@ -49,6 +49,11 @@ pub struct ClientOptions {
     /// meanwhile; over a socket, a connection whose responses keep coming
     /// later stops polling by itself (`transport::spin::SpinGate`).
     pub spin: Duration,
+    /// The bearer token that names this client's tenant in the agent (its
+    /// Hello carries it; 1..=1024 bytes). `None`: the agent knows the
+    /// client by its uid (unix, shm) or not at all (tcp). Tools read it
+    /// from `--token` or the `TENSORWIRE_TOKEN` environment variable.
+    pub token: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -64,6 +69,7 @@ impl Default for ClientOptions {
             },
             want_timeline: false,
             spin: transport::shm::WaitPolicy::CLIENT.spin,
+            token: None,
         }
     }
 }
@@ -280,6 +286,10 @@ impl Client {
         opts.timeout = opts.timeout.min(MAX_WAIT);
         opts.connect_timeout = opts.connect_timeout.min(MAX_WAIT);
         let ep = Endpoint::parse(uri)?;
+        if let Some(t) = &opts.token {
+            wire::check_token(t.as_bytes())
+                .map_err(|e| ClientError::InvalidInput(format!("token: {e}")))?;
+        }
         let mut shm_limits = None;
         let link = match &ep {
             Endpoint::Shm(name) => {
@@ -295,6 +305,7 @@ impl Client {
                     &path,
                     &ep.to_string(),
                     &opts.limits,
+                    opts.token.as_deref().map(str::as_bytes),
                     1,
                     opts.connect_timeout,
                 )?;
@@ -349,7 +360,10 @@ impl Client {
                 inner: Arc::new(inner),
             });
         }
-        let hello = encode_hello(&inner.opts.limits);
+        let hello = encode_hello_with_token(
+            &inner.opts.limits,
+            inner.opts.token.as_deref().map(str::as_bytes),
+        );
         let mut h = Header::new(Kind::Hello);
         h.desc_len = hello.len() as u32;
         let frame = match inner.roundtrip(h, &hello) {

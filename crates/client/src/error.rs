@@ -42,6 +42,10 @@ pub enum ClientError {
     /// never computed.
     #[error("timed out in the agent's queue: {0}")]
     QueueTimeout(String),
+    /// The client's tenant may not do this (call or see the model, or
+    /// connect with this token): the message names the model and tenant.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// The agent reported another error.
     #[error("agent error ({status}): {message}")]
     Remote {
@@ -66,6 +70,7 @@ impl ClientError {
             Status::EngineError => ClientError::Engine(message),
             Status::Overloaded => ClientError::Overloaded(message),
             Status::Timeout => ClientError::QueueTimeout(message),
+            Status::PermissionDenied => ClientError::PermissionDenied(message),
             status => ClientError::Remote { status, message },
         }
     }

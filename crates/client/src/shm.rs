@@ -411,11 +411,12 @@ impl ShmLink {
         path: &Path,
         uri: &str,
         asked: &Limits,
+        token: Option<&[u8]>,
         request_id: u64,
         timeout: Duration,
     ) -> Result<(ShmLink, Limits), ClientError> {
         let (ch, limits) =
-            ShmChannel::connect(path, asked, request_id, timeout).map_err(|e| match e {
+            ShmChannel::connect(path, asked, token, request_id, timeout).map_err(|e| match e {
                 ShmError::Io(source)
                     if matches!(
                         source.kind(),

@@ -47,6 +47,7 @@ use crate::sysshm::{shm_ref, ShmOutput, ShmRef, PARAM_BYTE_SIZE, PARAM_OFFSET, P
 use bytes::Bytes;
 use engine::{OutputData, TensorView};
 use server::dispatch::{AgentCore, Prepared, Reply};
+use server::tenants::Identity;
 use server::{ModelEntry, Via};
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -673,8 +674,15 @@ pub(crate) fn infer_over_core(
     }
 
     refusal.passed();
+    // The caller's tenant: a front-door caller presents no token yet, so
+    // with a tenants file it holds the `default` tenant's rights.
+    let grant = core
+        .grant(&Identity::REMOTE, None, &core.limits)
+        .map_err(|(status, msg)| {
+            error_status(&core.fail(Reply::error(h.request_id, status, &msg)))
+        })?;
     let prep = core
-        .prepare_via(shared.via, &h, &desc, &core.limits, placement, &tl)
+        .prepare_via(shared.via, &h, &desc, &grant, placement, &tl)
         .map_err(|r| error_status(&r))?;
     tl.stamp(Stage::PayloadInPlace);
     let views: Vec<TensorView<'_>> = descs
@@ -1034,6 +1042,7 @@ fn error_status(reply: &Reply) -> Status {
         // A full queue is worth retrying (Triton answers UNAVAILABLE too).
         W::ShuttingDown | W::Overloaded => Status::unavailable(message),
         W::Timeout => Status::deadline_exceeded(message),
+        W::PermissionDenied => Status::permission_denied(message),
         _ => Status::internal(message),
     }
 }

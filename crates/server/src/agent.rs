@@ -26,6 +26,7 @@ use crate::registry::ModelRegistry;
 use crate::session::SocketSession;
 use crate::shm_session::{ShmHandle, ShmSession, ShmSettings};
 use crate::stats::Via;
+use crate::tenants::{Identity, Tenants};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -52,6 +53,9 @@ pub enum AgentError {
     /// An in-process name is taken.
     #[error("{0}")]
     Inproc(String),
+    /// The tenants file is unusable.
+    #[error("tenants file {0}")]
+    Tenants(#[from] crate::tenants::file::TenantsError),
 }
 
 /// Counters describing a running agent.
@@ -149,9 +153,17 @@ impl Agent {
             ))
             .into());
         }
+        let tenants = cfg
+            .tenants
+            .as_deref()
+            .map(Tenants::load)
+            .transpose()?
+            .map(Arc::new);
+        let socket_group = cfg.socket_group.as_deref().map(resolve_group).transpose()?;
         let core = Arc::new(
             AgentCore::new(registry, cfg.limits, cfg.max_total_payload)
-                .with_request_timing(cfg.request_timing),
+                .with_request_timing(cfg.request_timing)
+                .with_tenants(tenants),
         );
         let conns = Arc::new(ConnTable::new(
             cfg.max_connections,
@@ -186,6 +198,12 @@ impl Agent {
                 }
                 _ => {
                     let l = Listener::bind(ep)?;
+                    l.set_access(cfg.socket_mode, socket_group)
+                        .map_err(|source| TransportError::Io {
+                            what: "set the owner and mode of",
+                            endpoint: ep.to_string(),
+                            source,
+                        })?;
                     endpoints.push(l.endpoint().clone());
                     listeners.push(l);
                 }
@@ -327,8 +345,18 @@ impl Acceptor {
             if self.core.is_closing() {
                 break;
             }
-            let (Ok(peer), Ok(writer)) = (conn.peer_id(), conn.writer()) else {
+            let (Ok(peer), Ok(writer), Ok(creds)) =
+                (conn.peer_id(), conn.writer(), conn.credentials())
+            else {
                 continue;
+            };
+            let who = Identity {
+                creds,
+                addr: match peer {
+                    PeerId::Addr(a) => Some(a),
+                    PeerId::Uid(_) => None,
+                },
+                in_process: false,
             };
             let slot = match self.conns.admit(Conn::Stream(writer), peer) {
                 Ok(slot) => slot,
@@ -340,7 +368,7 @@ impl Acceptor {
             let _ = conn.set_read_timeout(Some(self.stall));
             let _ = conn.set_write_timeout(Some(self.stall));
             conn.set_spin(self.socket_spin);
-            let session = SocketSession::new(self.core.clone(), conn, slot, via);
+            let session = SocketSession::new(self.core.clone(), conn, who, slot, via);
             // On failure the session drops: connection closed, slot freed.
             let _ = self.reactor.add(Box::new(session));
         }
@@ -375,6 +403,20 @@ impl Acceptor {
             let session = ShmSession::new(self.core.clone(), sock, shm, handle, slot);
             let _ = self.reactor.add(Box::new(session));
         }
+    }
+}
+
+/// A group name or number → its gid.
+fn resolve_group(g: &str) -> Result<u32, AgentError> {
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(n);
+    }
+    match nix::unistd::Group::from_name(g) {
+        Ok(Some(grp)) => Ok(grp.gid.as_raw()),
+        Ok(None) => {
+            Err(crate::ConfigError::Invalid(format!("socket_group: no group named '{g}'")).into())
+        }
+        Err(e) => Err(crate::ConfigError::Invalid(format!("socket_group '{g}': {e}")).into()),
     }
 }
 

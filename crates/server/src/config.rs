@@ -45,6 +45,12 @@
 //!
 //! [stats]                  # per-model statistics and metrics; default shown
 //! request_timing = true    # time every request's stages (4 clock reads); false: counts only
+//!
+//! [access]                 # who may reach the agent; defaults shown
+//! tenants = ""             # a tenants file (server::tenants): identities, rights, quotas
+//! socket_mode = "0600"     # unix:// sockets and shm:// control sockets: owner only
+//! socket_group = ""        # their group (a name or a gid; "" = the agent's)
+//! insecure = false         # allow tcp/grpc/http listeners beyond loopback (no TLS yet)
 //! ```
 //!
 //! `listen` takes the agent's own endpoints (`unix://`, `tcp://`, `shm://`,
@@ -288,6 +294,15 @@ struct StatsFile {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct AccessFile {
+    tenants: Option<PathBuf>,
+    socket_mode: Option<String>,
+    socket_group: Option<String>,
+    insecure: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ConfigFile {
     #[serde(default)]
     listen: Vec<String>,
@@ -305,6 +320,8 @@ struct ConfigFile {
     shm: ShmFile,
     #[serde(default)]
     stats: StatsFile,
+    #[serde(default)]
+    access: AccessFile,
 }
 
 /// Everything an agent needs to start.
@@ -382,6 +399,21 @@ pub struct AgentConfig {
     /// (~0.5 µs) notices. Off, requests are still counted (success,
     /// failure, transport, in flight) but no durations are recorded.
     pub request_timing: bool,
+    /// The tenants file (`server::tenants`): who may see and call which
+    /// model, with what quotas. `None`: every session may use every model.
+    pub tenants: Option<PathBuf>,
+    /// Permission bits of the `unix://` sockets and `shm://` control
+    /// sockets the agent creates (default 0o600: only its own user can
+    /// connect). The directory they are in must let the users in too.
+    pub socket_mode: u32,
+    /// The group of those sockets (a name or a number; `None`: the
+    /// agent's), so that `socket_mode` 0o660 lets that group in.
+    pub socket_group: Option<String>,
+    /// Allows tcp, gRPC and HTTP listeners on addresses other than
+    /// loopback. The agent has no TLS yet: off, such a listener is refused
+    /// at start, because its tokens and tensors would cross the network in
+    /// clear text.
+    pub insecure: bool,
 }
 
 impl Default for AgentConfig {
@@ -406,6 +438,10 @@ impl Default for AgentConfig {
             shm_ring_slots: ShmSizes::default().ring_capacity,
             shm_park_after: Duration::from_millis(250),
             request_timing: true,
+            tenants: None,
+            socket_mode: 0o600,
+            socket_group: None,
+            insecure: false,
         }
     }
 }
@@ -424,12 +460,15 @@ impl AgentConfig {
             },
             other => other,
         })?;
-        // Model paths in a file are relative to the file.
+        // Model and tenants paths in a file are relative to the file.
         if let Some(dir) = path.parent() {
             for m in &mut cfg.models {
                 if m.path.is_relative() {
                     m.path = dir.join(&m.path);
                 }
+            }
+            if let Some(t) = cfg.tenants.as_mut().filter(|t| t.is_relative()) {
+                *t = dir.join(&*t);
             }
         }
         Ok(cfg)
@@ -489,6 +528,13 @@ impl AgentConfig {
             cfg.shm_park_after = Duration::from_millis(ms);
         }
         cfg.request_timing = f.stats.request_timing.unwrap_or(cfg.request_timing);
+        let a = f.access;
+        cfg.tenants = a.tenants.filter(|t| !t.as_os_str().is_empty());
+        if let Some(m) = &a.socket_mode {
+            cfg.socket_mode = parse_mode(m)?;
+        }
+        cfg.socket_group = a.socket_group.filter(|g| !g.is_empty());
+        cfg.insecure = a.insecure.unwrap_or(cfg.insecure);
         Ok(cfg)
     }
 
@@ -614,6 +660,38 @@ impl AgentConfig {
                 return bad(format!("shm {what} must be 4 KiB..=1 TiB, not {n}"));
             }
         }
+        if self.socket_mode & !0o777 != 0 || self.socket_mode & 0o600 != 0o600 {
+            return bad(format!(
+                "socket_mode {:o} must be permission bits (at most 0777) that let the agent's own \
+                 user read and write (0600 at least)",
+                self.socket_mode
+            ));
+        }
+        if !self.insecure {
+            let beyond = self
+                .listen
+                .iter()
+                .filter_map(|ep| match ep {
+                    Endpoint::Tcp { addr, .. } => Some((ep.to_string(), addr.clone())),
+                    _ => None,
+                })
+                .chain(self.front_doors.iter().map(|uri| {
+                    let rest = uri.split_once("://").map_or("", |(_, r)| r);
+                    (
+                        uri.clone(),
+                        rest.split('/').next().unwrap_or("").to_string(),
+                    )
+                }))
+                .find(|(_, hostport)| !is_loopback(hostport));
+            if let Some((uri, _)) = beyond {
+                return bad(format!(
+                    "{uri} listens beyond this machine, and the agent has no TLS yet: tokens and \
+                     tensors would cross the network in clear text. Listen on 127.0.0.1 (behind \
+                     a TLS proxy or gateway), or give --insecure (TOML [access] insecure = true) \
+                     on a network you trust"
+                ));
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for m in &self.models {
             if m.name.is_empty() || m.name.len() > wire::MAX_NAME_LEN {
@@ -640,6 +718,33 @@ impl AgentConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `host:port` (or `[v6]:port`, or a bare host) names this machine
+/// only: `localhost`, 127.0.0.0/8, ::1.
+pub fn is_loopback(hostport: &str) -> bool {
+    let host = match hostport.rsplit_once(':') {
+        Some((h, port)) if !port.contains(']') => h,
+        _ => hostport,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Parses permission bits written in octal (`"0660"`, `"660"`, `"0o660"`).
+pub fn parse_mode(s: &str) -> Result<u32, ConfigError> {
+    let digits = s.trim_start_matches("0o");
+    u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o777 && !digits.is_empty())
+        .ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "socket mode '{s}' must be octal permission bits, e.g. 0600 or 0660"
+            ))
+        })
 }
 
 /// Parses an endpoint URI into a config error on failure.
@@ -797,7 +902,12 @@ mod tests {
             cfg.front_doors,
             ["grpc://127.0.0.1:0", "http://[::1]:8000", "http://x"]
         );
-        cfg.validate().unwrap();
+        // (Host "x" is not loopback.)
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("invalid setting: http://x listens beyond"),
+            "{e}"
+        );
         assert!(AgentConfig::default().front_doors.is_empty());
         assert_eq!(
             parse_listen("grpc://h:1").unwrap(),
@@ -859,6 +969,57 @@ mod tests {
             (cfg.intra_threads, cfg.inter_threads),
             (d.intra_threads, d.inter_threads)
         );
+        assert_eq!(
+            (
+                &cfg.tenants,
+                cfg.socket_mode,
+                &cfg.socket_group,
+                cfg.insecure
+            ),
+            (&d.tenants, d.socket_mode, &d.socket_group, d.insecure)
+        );
+    }
+
+    #[test]
+    fn access_settings_parse_and_listeners_beyond_loopback_need_insecure() {
+        let cfg = AgentConfig::from_toml(
+            "listen = [\"tcp://127.0.0.1:0\", \"grpc://[::1]:0\", \"http://localhost:0\"]\n\
+             [access]\ntenants = \"t.toml\"\nsocket_mode = \"0660\"\nsocket_group = \"users\"\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.tenants.as_deref(), Some(Path::new("t.toml")));
+        assert_eq!(
+            (cfg.socket_mode, cfg.socket_group.as_deref()),
+            (0o660, Some("users"))
+        );
+        cfg.validate().unwrap();
+        for open in [
+            "tcp://0.0.0.0:7070",
+            "grpc://10.1.2.3:8001",
+            "http://[::]:8000",
+        ] {
+            let mut c = AgentConfig::default();
+            c.add_listen(open).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(open) && e.contains("--insecure"), "{e}");
+            c.insecure = true;
+            c.validate().unwrap();
+        }
+        for bad in ["0800", "x", "", "01777"] {
+            assert!(parse_mode(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_mode("0o640").unwrap(), 0o640);
+        let c = AgentConfig {
+            socket_mode: 0o060,
+            ..AgentConfig::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("0600 at least"));
+        assert!(is_loopback("127.0.0.9:1") && is_loopback("[::1]:5") && is_loopback("localhost"));
+        assert!(!is_loopback("example.com:80") && !is_loopback("[::]:1"));
     }
 
     #[test]

@@ -29,6 +29,7 @@
 use crate::queue::{Ask, Refused};
 use crate::registry::{ModelEntry, ModelRegistry};
 use crate::stats::Via;
+use crate::tenants::{Identity, Seat, Tenant, Tenants, Ticket};
 use engine::{Output, OutputData, TensorView};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -37,9 +38,10 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 use wire::BufPool;
 use wire::{
-    decode_hello, decode_model_name, decode_tensor_section_in, encode_error_body, encode_hello,
-    encode_model_list, encode_signature, encode_tensor_section, flags, layout_payload, Header,
-    Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline, TIMELINE_LEN,
+    decode_hello_request, decode_model_name, decode_tensor_section_in, encode_error_body,
+    encode_hello, encode_model_list, encode_signature, encode_tensor_section, flags,
+    layout_payload, Header, Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline,
+    TIMELINE_LEN,
 };
 
 /// Bytes of large payload buffers the agent keeps for reuse.
@@ -101,12 +103,19 @@ pub struct Prepared<'a> {
     /// The session's limits (the response must fit them too).
     pub limits: Limits,
     /// What it asks of the model's queue (priority, timeout), from its
-    /// header.
+    /// header (its priority capped by its tenant's class).
     pub ask: Ask,
+    /// Its count in its tenant's quotas (none without a tenants file).
+    pub ticket: Option<Ticket>,
     _in_flight: InFlight<'a>,
 }
 
 impl<'a> Prepared<'a> {
+    /// The request's tenant (none without a tenants file, or in-process).
+    pub fn tenant(&self) -> Option<&Arc<Tenant>> {
+        self.ticket.as_ref().map(|t| &t.tenant)
+    }
+
     /// Views over a contiguous payload laid out as the descriptors say
     /// (bounds were checked against `payload_len` in `prepare`).
     pub fn views<'p>(&'p self, payload: &'p [u8]) -> Vec<TensorView<'p>> {
@@ -159,6 +168,23 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// What request `h` asks of `model`'s queue: its header's priority and
+/// timeout, with the priority capped by its tenant's class (a tenant whose
+/// class is level 2 cannot ask level 1; a class below the model's levels
+/// means its lowest).
+fn tenant_ask(model: &ModelEntry, h: &Header, ticket: Option<&Ticket>) -> Ask {
+    let mut ask = Ask::from_header(h.priority, h.timeout_us);
+    if let Some(class) = ticket.and_then(|t| t.tenant.quotas.priority) {
+        let policy = model.queue.policy();
+        let asked = match ask.priority {
+            0 => policy.default_priority,
+            p => p,
+        };
+        ask.priority = asked.max(class.min(policy.priority_levels));
+    }
+    ask
+}
+
 /// Agent-wide counters.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -182,6 +208,24 @@ pub struct Counters {
     pub shm_output_bytes_aliased: AtomicU64,
 }
 
+/// What one session may do: the limits in force (agreed in its Hello) and
+/// its seat among the agent's tenants (none when the agent has no tenants
+/// file, or for in-process callers).
+#[derive(Debug)]
+pub struct Grant {
+    /// The limits in force.
+    pub limits: Limits,
+    /// Its tenant, rights and quotas.
+    pub seat: Option<Seat>,
+}
+
+impl Grant {
+    /// Limits only, no tenant: every model, within the agent's limits.
+    pub fn open(limits: Limits) -> Grant {
+        Grant { limits, seat: None }
+    }
+}
+
 /// The agent's shared state: models, limits, shutdown flag, counters.
 #[derive(Debug)]
 pub struct AgentCore {
@@ -195,6 +239,8 @@ pub struct AgentCore {
     pub pool: Arc<BufPool>,
     /// Whether every request is timed for the models' statistics.
     timing: bool,
+    /// The tenants, when the agent has a tenants file.
+    tenants: Option<Arc<Tenants>>,
     closing: AtomicBool,
     in_flight: AtomicUsize,
     /// Payload bytes that requests in flight may still hold, agent-wide.
@@ -213,6 +259,7 @@ impl AgentCore {
             counters: Counters::default(),
             pool: BufPool::new(POOL_BYTES, POOL_BUFS),
             timing: true,
+            tenants: None,
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             payload_budget: AtomicU64::new(payload_budget),
@@ -233,6 +280,42 @@ impl AgentCore {
     /// Whether every request is timed for the models' statistics.
     pub fn request_timing(&self) -> bool {
         self.timing
+    }
+
+    /// This core, serving `tenants`: each session is matched to one at its
+    /// Hello and may see, call and hold only what its tenant may.
+    pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> AgentCore {
+        self.tenants = tenants;
+        self
+    }
+
+    /// The tenants, when the agent has a tenants file.
+    pub fn tenants(&self) -> Option<&Arc<Tenants>> {
+        self.tenants.as_ref()
+    }
+
+    /// The grant of a session of `who` presenting `token` that asked for
+    /// `asked` limits: its seat among the tenants (none when the agent has
+    /// no tenants file, or for in-process callers) and the limits in force,
+    /// the agent's narrowed by its tenant's quotas and by what it asked.
+    pub fn grant(
+        &self,
+        who: &Identity,
+        token: Option<&[u8]>,
+        asked: &Limits,
+    ) -> Result<Grant, (Status, String)> {
+        let seat = match &self.tenants {
+            Some(t) if !who.in_process => Some(t.seat(who, token)?),
+            _ => None,
+        };
+        let ours = match seat.as_ref().map(Seat::tenant).transpose()? {
+            Some(t) => t.narrow(self.limits),
+            None => self.limits,
+        };
+        Ok(Grant {
+            limits: ours.narrowed_by(asked),
+            seat,
+        })
     }
 
     /// The timeline of request `h`, for its transport to stamp: it reads
@@ -279,8 +362,10 @@ impl AgentCore {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    /// Answers a Hello: the limits in force for the session and the HelloAck.
-    pub fn hello(&self, h: &Header, body: &[u8]) -> Result<(Limits, Reply), Reply> {
+    /// Answers the Hello of a session of `who`: its [`Grant`] (the limits
+    /// in force and its tenant) and the HelloAck; or the Error refusing it
+    /// (a token no tenant lists, a tenant's session quota).
+    pub fn hello(&self, h: &Header, body: &[u8], who: &Identity) -> Result<(Grant, Reply), Reply> {
         if h.kind != Kind::Hello {
             return Err(self.fail(Reply::error(
                 h.request_id,
@@ -291,18 +376,20 @@ impl AgentCore {
                 ),
             )));
         }
-        let asked = decode_hello(body)
+        let asked = decode_hello_request(body)
             .map_err(|e| self.fail(Reply::error(h.request_id, e.status(), &e.to_string())))?;
-        let limits = self.limits.narrowed_by(&asked);
-        Ok((
-            limits,
-            Reply::control(Kind::HelloAck, h.request_id, 0, encode_hello(&limits)),
-        ))
+        let grant = self
+            .grant(who, asked.token, &asked.limits)
+            .map_err(|(status, msg)| self.fail(Reply::error(h.request_id, status, &msg)))?;
+        let ack = Reply::control(Kind::HelloAck, h.request_id, 0, encode_hello(&grant.limits));
+        Ok((grant, ack))
     }
 
     /// Answers a control message (anything but Hello and Request) on a
-    /// session with `limits`.
-    pub fn control(&self, h: &Header, body: &[u8], limits: &Limits) -> Reply {
+    /// session with `grant`: it lists and looks up only the models its
+    /// tenant may use.
+    pub fn control(&self, h: &Header, body: &[u8], grant: &Grant) -> Reply {
+        let limits = &grant.limits;
         if matches!(h.kind, Kind::Ping | Kind::ListModels) && !body.is_empty() {
             return self.fail(Reply::error(
                 h.request_id,
@@ -315,6 +402,21 @@ impl AgentCore {
             Kind::ModelQuery => match decode_model_name(body) {
                 Err(e) => self.fail(Reply::error(h.request_id, e.status(), &e.to_string())),
                 Ok(name) => match self.registry.find(name) {
+                    Some(_) if grant.seat.as_ref().is_some_and(|s| !s.may_see(name)) => {
+                        let seat = grant.seat.as_ref().map(Seat::tenant_name);
+                        if let Some(Ok(t)) = grant.seat.as_ref().map(Seat::tenant) {
+                            t.usage.denied.fetch_add(1, Ordering::Relaxed);
+                        }
+                        self.fail(Reply::error(
+                            h.request_id,
+                            Status::PermissionDenied,
+                            &format!(
+                                "tenant '{}' may not use model '{name}' (see the agent's \
+                                 tenants file)",
+                                seat.unwrap_or_default()
+                            ),
+                        ))
+                    }
                     None => self.fail(Reply::error(
                         h.request_id,
                         Status::UnknownModel,
@@ -332,6 +434,12 @@ impl AgentCore {
                     .registry
                     .models()
                     .iter()
+                    .filter(|m| {
+                        grant
+                            .seat
+                            .as_ref()
+                            .is_none_or(|s| s.may_see(&m.signature().name))
+                    })
                     .map(|m| (m.id, m.signature().clone()))
                     .collect();
                 let body = encode_model_list(&list);
@@ -388,24 +496,28 @@ impl AgentCore {
         limits: &Limits,
         placement: Placement,
     ) -> Result<Prepared<'_>, Reply> {
-        self.prepare_via(Via::Other, h, desc, limits, placement, &Timeline::default())
+        let grant = Grant::open(*limits);
+        self.prepare_via(Via::Other, h, desc, &grant, placement, &Timeline::default())
     }
 
     /// [`prepare_in`](AgentCore::prepare_in) for a request that came `via`
     /// a transport, with the timeline `tl` its transport stamped `received`
     /// on ([`timeline`](AgentCore::timeline)): the request is counted for
     /// its model and transport, and a refusal from here on is recorded as
-    /// a failure of the model, timed from `received`.
+    /// a failure of the model, timed from `received`. The session's
+    /// `grant` decides whether its tenant may call the model, and counts
+    /// the request in the tenant's quotas.
     pub fn prepare_via(
         &self,
         via: Via,
         h: &Header,
         desc: &[u8],
-        limits: &Limits,
+        grant: &Grant,
         placement: Placement,
         tl: &Timeline,
     ) -> Result<Prepared<'_>, Reply> {
         let id = h.request_id;
+        let limits = &grant.limits;
         // Failures are timed like successes: only while the agent times.
         let arrived = if self.timing {
             tl.get(Stage::Received)
@@ -439,6 +551,13 @@ impl AgentCore {
         let refuse = |r: Reply| {
             stats.record_failure(arrived);
             self.fail(r)
+        };
+        let ticket = match &grant.seat {
+            None => None,
+            Some(seat) => Some(
+                seat.admit(&model, h.payload_len)
+                    .map_err(|(status, msg)| refuse(Reply::error(id, status, &msg)))?,
+            ),
         };
         let section = decode_tensor_section_in(h, desc, placement)
             .map_err(|e| refuse(Reply::error(id, e.status(), &e.to_string())))?;
@@ -488,7 +607,8 @@ impl AgentCore {
             request_id: id,
             want_timeline: h.flags & flags::WANT_TIMELINE != 0,
             limits: *limits,
-            ask: Ask::from_header(h.priority, h.timeout_us),
+            ask: tenant_ask(&model, h, ticket.as_ref()),
+            ticket,
             _in_flight: InFlight {
                 core: self,
                 reserved: want,
@@ -868,7 +988,14 @@ mod tests {
         let mut tl = core.timeline(&h);
         tl.stamp(Stage::Received);
         let payload = [7u8; 8];
-        match core.prepare_via(via, &h, &d, &core.limits, Placement::Payload, &tl) {
+        match core.prepare_via(
+            via,
+            &h,
+            &d,
+            &Grant::open(core.limits),
+            Placement::Payload,
+            &tl,
+        ) {
             Err(r) => r.header.kind,
             Ok(p) => {
                 tl.stamp(Stage::PayloadInPlace);
@@ -917,14 +1044,28 @@ mod tests {
         let (mut h, d) = request(8);
         h.payload_len = 4;
         let tl = core.timeline(&h);
-        let r = core.prepare_via(Via::Tcp, &h, &d, &core.limits, Placement::Payload, &tl);
+        let r = core.prepare_via(
+            Via::Tcp,
+            &h,
+            &d,
+            &Grant::open(core.limits),
+            Placement::Payload,
+            &tl,
+        );
         assert_eq!(r.expect_err("refused").header.kind, Kind::Error);
         assert_eq!(stats.snapshot().fail.count, 1);
         assert_eq!(stats.in_flight(), 0, "a refusal is never in flight");
         // Prepared, then dropped without an answer (the peer went away).
         let (h, d) = request(8);
         let p = core
-            .prepare_via(Via::Tcp, &h, &d, &core.limits, Placement::Payload, &tl)
+            .prepare_via(
+                Via::Tcp,
+                &h,
+                &d,
+                &Grant::open(core.limits),
+                Placement::Payload,
+                &tl,
+            )
             .expect("prepared");
         assert_eq!(stats.in_flight(), 1);
         drop(p);
@@ -935,7 +1076,14 @@ mod tests {
         core.close_and_drain(Duration::ZERO);
         let (h, d) = request(8);
         assert!(core
-            .prepare_via(Via::Tcp, &h, &d, &core.limits, Placement::Payload, &tl)
+            .prepare_via(
+                Via::Tcp,
+                &h,
+                &d,
+                &Grant::open(core.limits),
+                Placement::Payload,
+                &tl
+            )
             .is_err());
         assert_eq!(stats.snapshot().fail.count, 3);
     }

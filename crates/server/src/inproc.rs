@@ -2,10 +2,13 @@
 //! thread runs the request through the same [`AgentCore`] code as a socket
 //! session, reading the caller's tensors in place. Only outputs that alias
 //! inputs (the identity model's) are copied, because the reply must own its
-//! bytes after the caller's borrow ends.
+//! bytes after the caller's borrow ends. In-process callers are the
+//! agent's own program: they hold no tenant seat (every model, the
+//! agent's limits).
 
-use crate::dispatch::{AgentCore, Reply};
+use crate::dispatch::{AgentCore, Grant, Reply};
 use crate::stats::Via;
+use crate::tenants::Identity;
 use engine::{OutputData, TensorView};
 use std::sync::Arc;
 use transport::inproc::{InprocReply, InprocRequest, InprocService};
@@ -19,7 +22,7 @@ impl InprocService for InprocAgent {
         let core = &self.0;
         let h = req.header;
         let reply = match h.kind {
-            Kind::Hello => match core.hello(&h, req.desc) {
+            Kind::Hello => match core.hello(&h, req.desc, &Identity::IN_PROCESS) {
                 Ok((_, ack)) => ack,
                 Err(e) => e,
             },
@@ -37,7 +40,7 @@ impl InprocService for InprocAgent {
                     Via::Inproc,
                     &h,
                     req.desc,
-                    &core.limits,
+                    &Grant::open(core.limits),
                     Placement::Payload,
                     &tl,
                 ) {
@@ -72,7 +75,7 @@ impl InprocService for InprocAgent {
                     }
                 }
             }
-            _ => core.control(&h, req.desc, &core.limits),
+            _ => core.control(&h, req.desc, &Grant::open(core.limits)),
         };
         owned(core, reply, &[])
     }

@@ -29,6 +29,7 @@ pub mod shm_session;
 #[cfg(test)]
 mod shm_tests;
 pub mod stats;
+pub mod tenants;
 
 pub use agent::{Agent, AgentStats};
 pub use batcher::BatchPolicy;

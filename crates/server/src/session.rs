@@ -20,21 +20,24 @@
 //! skipped and the session goes on.
 
 use crate::conns::{Phase, Slot};
-use crate::dispatch::{AgentCore, Reply};
+use crate::dispatch::{AgentCore, Grant, Reply};
 use crate::reactor::{Step, Task};
 use crate::stats::Via;
+use crate::tenants::Identity;
 use engine::TensorView;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use transport::{RecvError, StreamConn};
-use wire::{Kind, Limits, Placement, Stage, Status};
+use wire::{Kind, Placement, Stage, Status};
 
 /// One socket connection's state between its turns on a worker.
 pub struct SocketSession {
     core: Arc<AgentCore>,
     conn: StreamConn,
-    /// The limits in force, once the Hello is answered.
-    limits: Option<Limits>,
+    /// Who connected (matched to a tenant at the Hello).
+    who: Identity,
+    /// The limits in force and the tenant, once the Hello is answered.
+    grant: Option<Grant>,
     slot: Slot,
     /// Parked with part of a message read ([`Phase::Stalled`]).
     stalled: bool,
@@ -44,14 +47,21 @@ pub struct SocketSession {
 
 impl SocketSession {
     /// A session for a freshly accepted `conn` (put in parking mode here)
-    /// that came `via` unix or tcp, holding `slot` in the agent's
-    /// connection table until it ends.
-    pub fn new(core: Arc<AgentCore>, mut conn: StreamConn, slot: Slot, via: Via) -> SocketSession {
+    /// from `who` that came `via` unix or tcp, holding `slot` in the
+    /// agent's connection table until it ends.
+    pub fn new(
+        core: Arc<AgentCore>,
+        mut conn: StreamConn,
+        who: Identity,
+        slot: Slot,
+        via: Via,
+    ) -> SocketSession {
         conn.set_parking(true);
         SocketSession {
             core,
             conn,
-            limits: None,
+            who,
+            grant: None,
             slot,
             stalled: false,
             via,
@@ -64,7 +74,7 @@ impl SocketSession {
         // free to borrow mutably below.
         let core = self.core.clone();
         loop {
-            let limits = self.limits.as_ref().unwrap_or(&core.limits);
+            let limits = self.grant.as_ref().map_or(&core.limits, |g| &g.limits);
             let (h, desc) = match self.conn.recv_head(limits) {
                 Ok(m) => m,
                 Err(RecvError::WouldBlock) if !core.is_closing() => return Step::Park,
@@ -81,11 +91,11 @@ impl SocketSession {
                 self.stalled = false;
                 self.slot.set(Phase::Busy);
             }
-            let Some(limits) = self.limits else {
+            let Some(grant) = self.grant.take() else {
                 // The first message: it must be a Hello.
-                match core.hello(&h, &desc) {
-                    Ok((limits, ack)) if send(&self.conn, &ack, &[]) => {
-                        self.limits = Some(limits);
+                match core.hello(&h, &desc, &self.who) {
+                    Ok((grant, ack)) if send(&self.conn, &ack, &[]) => {
+                        self.grant = Some(grant);
                         self.slot.set(Phase::Busy);
                         continue;
                     }
@@ -97,14 +107,15 @@ impl SocketSession {
                 }
             };
             let ok = if h.kind == Kind::Request {
-                self.request(&h, &desc, &limits)
+                self.request(&h, &desc, &grant)
             } else {
                 // A Response sent the wrong way is the only other kind that
                 // may carry a payload (header rule 7): skip it, so that the
                 // stream stays in sync after the `unknown-kind` answer.
                 self.conn.skip_payload(h.payload_len).is_ok()
-                    && send(&self.conn, &core.control(&h, &desc, &limits), &[])
+                    && send(&self.conn, &core.control(&h, &desc, &grant), &[])
             };
+            self.grant = Some(grant);
             if !ok {
                 return Step::Done;
             }
@@ -113,12 +124,12 @@ impl SocketSession {
 
     /// One request: validate, read its payload in place, run, answer.
     /// False when the connection must end.
-    fn request(&mut self, h: &wire::Header, desc: &[u8], limits: &Limits) -> bool {
+    fn request(&mut self, h: &wire::Header, desc: &[u8], grant: &Grant) -> bool {
         let core = &*self.core;
         let conn = &mut self.conn;
         let mut tl = core.timeline(h);
         tl.stamp(Stage::Received);
-        let prep = match core.prepare_via(self.via, h, desc, limits, Placement::Payload, &tl) {
+        let prep = match core.prepare_via(self.via, h, desc, grant, Placement::Payload, &tl) {
             Ok(p) => p,
             Err(reply) => {
                 return conn.skip_payload(h.payload_len).is_ok() && send(conn, &reply, &[])
@@ -151,11 +162,11 @@ impl Task for SocketSession {
     }
 
     fn run(&mut self) -> Step {
-        if self.limits.is_some() && !self.stalled {
+        if self.grant.is_some() && !self.stalled {
             self.slot.set(Phase::Busy);
         }
         let step = self.serve();
-        if step == Step::Park && self.limits.is_some() {
+        if step == Step::Park && self.grant.is_some() {
             // Sockets answer in order: parked means nothing in flight,
             // unless part of the next message came and the rest did not
             // (its clock keeps running while more bytes trickle in).

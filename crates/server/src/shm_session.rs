@@ -66,11 +66,13 @@
 //! the session.
 
 use crate::conns::{Phase, Slot};
-use crate::dispatch::{AgentCore, Counters, Prepared, Reply};
+use crate::dispatch::{AgentCore, Counters, Grant, Prepared, Reply};
 use crate::reactor::{Step, Task};
 use crate::region::{Blocks, OutputRegion};
 use crate::stats::Via;
+use crate::tenants::Identity;
 use engine::{OutputData, TensorView};
+use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,6 +81,7 @@ use std::time::{Duration, Instant};
 use transport::shm::{futex, layout::AGENT_SLEEP, Arena, Layout, ShmChannel, ShmError};
 use transport::shm::{ShmSizes, WaitPolicy, SLOT_LEN};
 use transport::spin::SHM_POLLERS;
+use transport::Credentials;
 use wire::{Header, Kind, Limits, Placement, Stage, Status, TensorDesc, Timeline, HEADER_LEN};
 
 /// How shared-memory sessions are set up and wait (from `AgentConfig`).
@@ -159,7 +162,7 @@ struct Serving {
     ch: ShmChannel,
     arena: Arc<Arena>,
     layout: Layout,
-    limits: Limits,
+    grant: Grant,
     region: OutputRegion,
     parked: bool,
 }
@@ -201,21 +204,34 @@ impl ShmSession {
             return Step::Done;
         };
         let core = &*self.core;
-        let (ch, limits) = match ShmChannel::accept_hello(
-            sock,
-            &got,
-            &core.limits,
-            self.cfg.sizes,
-            self.cfg.stall,
-        ) {
-            Ok(x) => x,
-            Err(ShmError::Wire(_) | ShmError::Bootstrap(_)) => {
-                // `accept_hello` answered a bad Hello with an Error itself.
-                core.counters.errors.fetch_add(1, Ordering::Relaxed);
+        // The tenant first: a refused client gets no arena.
+        let grant = match hello_grant(core, &sock, &got) {
+            Ok(g) => g,
+            Err(refusal) => {
+                let _ = sock.set_nonblocking(false);
+                let _ = sock.set_write_timeout(Some(self.cfg.stall));
+                let _ = (&sock).write_all(&[&refusal.header.encode()[..], &refusal.desc].concat());
                 return Step::Done;
             }
-            Err(_) => return Step::Done,
         };
+        let sizes = match grant.as_ref().map(|g| &g.seat) {
+            Some(Some(seat)) => match seat.tenant().ok().and_then(|t| t.quotas.max_arena_bytes) {
+                Some(max) => self.cfg.sizes.within(max),
+                None => self.cfg.sizes,
+            },
+            _ => self.cfg.sizes,
+        };
+        let agent_limits = grant.as_ref().map_or(core.limits, |g| g.limits);
+        let (ch, limits) =
+            match ShmChannel::accept_hello(sock, &got, &agent_limits, sizes, self.cfg.stall) {
+                Ok(x) => x,
+                Err(ShmError::Wire(_) | ShmError::Bootstrap(_)) => {
+                    // `accept_hello` answered a bad Hello with an Error itself.
+                    core.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    return Step::Done;
+                }
+                Err(_) => return Step::Done,
+            };
         *self.handle.arena.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(ch.arena());
         // Shutdown closed the socket before it could know the arena (and
         // wake this session through it)?
@@ -230,7 +246,10 @@ impl ShmSession {
             region: OutputRegion::new(layout.agent_len()),
             ch,
             layout,
-            limits,
+            grant: Grant {
+                limits,
+                seat: grant.and_then(|g| g.seat),
+            },
             parked: false,
         }));
         self.serve()
@@ -262,7 +281,7 @@ impl ShmSession {
             arena: &st.arena,
             ch: &mut st.ch,
             layout: st.layout,
-            limits: st.limits,
+            grant: &st.grant,
             region: &mut st.region,
             stall: self.cfg.stall,
         };
@@ -281,7 +300,7 @@ impl ShmSession {
                 None => sleep_at_once,
             };
             let got =
-                s.ch.recv_or_park(&s.limits, policy, self.cfg.park_after, slot);
+                s.ch.recv_or_park(&s.grant.limits, policy, self.cfg.park_after, slot);
             let (h, desc) = match got {
                 Ok(Some(m)) => m,
                 Ok(None) if !s.core.is_closing() => {
@@ -303,7 +322,7 @@ impl ShmSession {
                 Kind::Request => s.request(&h, &desc),
                 Kind::Release => s.release(&h, &desc),
                 _ => {
-                    let r = s.core.control(&h, &desc, &s.limits);
+                    let r = s.core.control(&h, &desc, s.grant);
                     s.send(&r)
                 }
             };
@@ -314,6 +333,30 @@ impl ShmSession {
         s.ch.close();
         Step::Done
     }
+}
+
+/// The grant of the client whose whole Hello is `got` on `sock` (its uid
+/// from the socket, its token from the Hello): `Ok(None)` when the Hello
+/// is malformed (`accept_hello` answers that), the Error refusing the
+/// session when its tenant may not have one.
+fn hello_grant(core: &AgentCore, sock: &UnixStream, got: &[u8]) -> Result<Option<Grant>, Reply> {
+    let Ok(h) = Header::decode(&got[..got.len().min(HEADER_LEN)]) else {
+        return Ok(None);
+    };
+    let body = got.get(HEADER_LEN..HEADER_LEN + h.desc_len as usize);
+    let Some(Ok(hello)) = body.map(wire::decode_hello_request) else {
+        return Ok(None);
+    };
+    if h.kind != Kind::Hello {
+        return Ok(None);
+    }
+    let who = Identity {
+        creds: Credentials::of_unix(sock).ok(),
+        ..Identity::REMOTE
+    };
+    core.grant(&who, hello.token, &hello.limits)
+        .map(Some)
+        .map_err(|(status, msg)| core.fail(Reply::error(h.request_id, status, &msg)))
 }
 
 /// Reads what has arrived of the Hello on `sock` into `got`, without
@@ -384,7 +427,7 @@ struct Session<'a> {
     ch: &'a mut ShmChannel,
     arena: &'a Arena,
     layout: Layout,
-    limits: Limits,
+    grant: &'a Grant,
     region: &'a mut OutputRegion,
     stall: Duration,
 }
@@ -403,7 +446,7 @@ impl<'a> Session<'a> {
         let region = Placement::Region {
             len: self.layout.client_len as u64,
         };
-        let prep = match core.prepare_via(Via::Shm, h, desc, &self.limits, region, &tl) {
+        let prep = match core.prepare_via(Via::Shm, h, desc, self.grant, region, &tl) {
             Ok(p) => p,
             Err(reply) => return self.send(&reply),
         };

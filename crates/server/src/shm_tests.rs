@@ -70,7 +70,7 @@ impl Raw {
     fn connect(name: &str) -> Result<Raw, ShmError> {
         let path = control_path(name).unwrap();
         let (ch, limits) =
-            ShmChannel::connect(&path, &Limits::default(), 1, Duration::from_secs(5))?;
+            ShmChannel::connect(&path, &Limits::default(), None, 1, Duration::from_secs(5))?;
         Ok(Raw {
             ch,
             limits,

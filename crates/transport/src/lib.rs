@@ -26,5 +26,5 @@ mod stream;
 pub use endpoint::Endpoint;
 pub use error::{RecvError, TransportError};
 pub use listener::{connect, remove_stale_unix_socket, Listener, ListenerWaker};
-pub use peer::PeerId;
+pub use peer::{Credentials, PeerId};
 pub use stream::{StreamConn, StreamStats, StreamWriter, STAGING_LEN};

@@ -98,6 +98,21 @@ impl Listener {
         }
     }
 
+    /// Sets who may connect to a Unix (or shm control) listener: its
+    /// socket file's permission bits and, when given, its group. Called
+    /// right after [`bind`](Self::bind), before the agent accepts anything.
+    /// A TCP listener has no file: nothing to do.
+    pub fn set_access(&self, mode: u32, group: Option<u32>) -> io::Result<()> {
+        let Kind::Unix(_, path) = &self.kind else {
+            return Ok(());
+        };
+        if let Some(g) = group {
+            rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(g)))?;
+        }
+        rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(mode))?;
+        Ok(())
+    }
+
     /// Waits for the next connection on a Unix (or shm control) listener
     /// and returns the bare socket (shm sessions bootstrap over it).
     pub fn accept_unix(&self) -> io::Result<UnixStream> {

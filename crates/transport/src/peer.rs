@@ -13,6 +13,7 @@
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
 /// The identity a connection's limits are counted under.
@@ -24,11 +25,35 @@ pub enum PeerId {
     Addr(IpAddr),
 }
 
+/// What the kernel recorded of a local peer when it connected
+/// (`SO_PEERCRED`): its process, user and group ids. The agent's tenants
+/// are matched on them; a peer cannot forge them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    /// The connecting process's id (it may have exited since).
+    pub pid: i32,
+    /// Its effective user id at `connect`.
+    pub uid: u32,
+    /// Its effective group id at `connect`.
+    pub gid: u32,
+}
+
+impl Credentials {
+    /// The credentials of the process that connected the Unix socket `s`.
+    pub fn of_unix(s: impl AsFd) -> io::Result<Credentials> {
+        let c = rustix::net::sockopt::socket_peercred(s)?;
+        Ok(Credentials {
+            pid: c.pid.as_raw_nonzero().get(),
+            uid: c.uid.as_raw(),
+            gid: c.gid.as_raw(),
+        })
+    }
+}
+
 impl PeerId {
     /// The user id of the process that connected `s` (`SO_PEERCRED`).
     pub fn of_unix(s: &UnixStream) -> io::Result<PeerId> {
-        let cred = rustix::net::sockopt::socket_peercred(s)?;
-        Ok(PeerId::Uid(cred.uid.as_raw()))
+        Ok(PeerId::Uid(Credentials::of_unix(s)?.uid))
     }
 
     /// The source address of `s`.
@@ -63,6 +88,10 @@ mod tests {
         let me = rustix::process::getuid().as_raw();
         assert_eq!(PeerId::of_unix(&a).unwrap(), PeerId::Uid(me));
         assert_eq!(PeerId::Uid(1000).to_string(), "uid 1000");
+        let c = Credentials::of_unix(&a).unwrap();
+        assert_eq!(c.uid, me);
+        assert_eq!(c.gid, rustix::process::getgid().as_raw());
+        assert_eq!(c.pid, std::process::id() as i32);
     }
 
     #[test]

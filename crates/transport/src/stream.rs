@@ -31,7 +31,7 @@
 //! connection is done.
 
 use crate::error::RecvError;
-use crate::peer::PeerId;
+use crate::peer::{Credentials, PeerId};
 use crate::spin::{Spin, SpinGate, SpinSlots, SOCKET_POLLERS};
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
@@ -220,6 +220,15 @@ impl StreamConn {
         match &self.sock {
             Sock::Unix(s) => PeerId::of_unix(s),
             Sock::Tcp(s) => PeerId::of_tcp(s),
+        }
+    }
+
+    /// The kernel's record of a Unix peer ([`Credentials`]); `None` over
+    /// TCP, where the source address is all there is.
+    pub fn credentials(&self) -> io::Result<Option<Credentials>> {
+        match &self.sock {
+            Sock::Unix(s) => Credentials::of_unix(s).map(Some),
+            Sock::Tcp(_) => Ok(None),
         }
     }
 

@@ -1,12 +1,15 @@
 //! Bodies of control messages, carried in the descriptor section.
 //!
 //! ```text
-//! Hello / HelloAck (32 bytes)
+//! Hello / HelloAck (32 bytes, then a Hello's token)
 //!  0 4 max_tensors   u32     0 in a Hello = no preference
 //!  4 4 max_in_flight u32
 //!  8 8 max_payload   u64
 //! 16 4 max_desc_len  u32
-//! 20 12 reserved     zero
+//! 20 2 token_len     u16     Hello only: bytes of bearer token after the body
+//!                            (0 = none); always 0 in a HelloAck
+//! 22 10 reserved     zero
+//! 32 token_len token        Hello only: the bearer token, 1..=1024 bytes
 //!
 //! ModelQuery: the model name, UTF-8, 1..=255 bytes, no terminator.
 //!
@@ -34,35 +37,92 @@ const MAX_SPECS: usize = 1024;
 /// The body of Hello and HelloAck: session limits.
 pub type HelloBody = Limits;
 
-/// Encodes a Hello/HelloAck body.
+/// Longest bearer token a Hello may carry, in bytes.
+pub const MAX_TOKEN_LEN: usize = 1024;
+
+/// What a client says in its Hello: the limits it asks for, and the bearer
+/// token that names its tenant, if it has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello<'a> {
+    /// The limits asked for (0 fields = no preference).
+    pub limits: Limits,
+    /// The bearer token, 1..=[`MAX_TOKEN_LEN`] bytes.
+    pub token: Option<&'a [u8]>,
+}
+
+/// Encodes a HelloAck body, or a Hello body without a token.
 pub fn encode_hello(l: &Limits) -> Vec<u8> {
-    let mut b = Vec::with_capacity(32);
+    encode_hello_with_token(l, None)
+}
+
+/// Encodes a Hello body carrying `token` (empty = none). A token longer
+/// than [`MAX_TOKEN_LEN`] is the caller's bug: check it with
+/// [`check_token`] first (it would be refused by the agent).
+pub fn encode_hello_with_token(l: &Limits, token: Option<&[u8]>) -> Vec<u8> {
+    let token = token.unwrap_or_default();
+    let token = &token[..token.len().min(MAX_TOKEN_LEN)];
+    let mut b = Vec::with_capacity(32 + token.len());
     b.extend_from_slice(&l.max_tensors.to_le_bytes());
     b.extend_from_slice(&l.max_in_flight.to_le_bytes());
     b.extend_from_slice(&l.max_payload.to_le_bytes());
     b.extend_from_slice(&l.max_desc_len.to_le_bytes());
-    b.extend_from_slice(&[0; 12]);
+    b.extend_from_slice(&(token.len() as u16).to_le_bytes());
+    b.extend_from_slice(&[0; 10]);
+    b.extend_from_slice(token);
     b
 }
 
-/// Decodes a Hello/HelloAck body (exactly 32 bytes).
+/// Checks a bearer token before it is sent: 1..=[`MAX_TOKEN_LEN`] bytes.
+pub fn check_token(token: &[u8]) -> Result<(), WireError> {
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        return Err(WireError::malformed(format!(
+            "a token is 1..={MAX_TOKEN_LEN} bytes, this one {}",
+            token.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Decodes a HelloAck body (exactly 32 bytes, no token).
 pub fn decode_hello(b: &[u8]) -> Result<Limits, WireError> {
-    if b.len() != 32 {
+    let hello = decode_hello_request(b)?;
+    if hello.token.is_some() {
+        return Err(WireError::malformed("a HelloAck carries no token"));
+    }
+    Ok(hello.limits)
+}
+
+/// Decodes a Hello body: 32 bytes, then the token its `token_len` counts.
+pub fn decode_hello_request(b: &[u8]) -> Result<Hello<'_>, WireError> {
+    if b.len() < 32 {
         return Err(WireError::malformed(format!(
             "hello body is {} bytes, not 32",
             b.len()
         )));
     }
-    if b[20..].iter().any(|&x| x != 0) {
+    if b[22..32].iter().any(|&x| x != 0) {
         return Err(WireError::malformed("hello reserved bytes not zero"));
     }
     let mut r = Reader::new(b);
-    Ok(Limits {
+    let limits = Limits {
         max_tensors: r.u32()?,
         max_in_flight: r.u32()?,
         max_payload: r.u64()?,
         max_desc_len: r.u32()?,
-    })
+    };
+    let token_len = r.u16()? as usize;
+    if b.len() != 32 + token_len {
+        return Err(WireError::malformed(format!(
+            "hello body is {} bytes; 32 and a {token_len}-byte token make {}",
+            b.len(),
+            32 + token_len
+        )));
+    }
+    let token = (token_len > 0).then(|| &b[32..]);
+    if let Some(t) = token {
+        check_token(t)?;
+    }
+    Ok(Hello { limits, token })
 }
 
 /// Encodes a model name for ModelQuery.
@@ -363,6 +423,39 @@ mod tests {
         let l = Limits::default();
         assert_eq!(decode_hello(&encode_hello(&l)).unwrap(), l);
         assert!(decode_hello(&[0; 31]).is_err());
+        let body = encode_hello(&l);
+        let plain = decode_hello_request(&body).unwrap();
+        assert_eq!((plain.limits, plain.token), (l, None));
+    }
+
+    #[test]
+    fn a_hello_carries_its_token_after_the_body() {
+        let l = Limits::default();
+        let b = encode_hello_with_token(&l, Some(b"s3cret"));
+        assert_eq!(b.len(), 38);
+        assert_eq!(&b[20..22], &6u16.to_le_bytes());
+        let h = decode_hello_request(&b).unwrap();
+        assert_eq!((h.limits, h.token), (l, Some(&b"s3cret"[..])));
+        // An ack never carries one.
+        assert!(decode_hello(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("no token"));
+        // The count must match what follows, both ways.
+        assert!(decode_hello_request(&b[..37]).is_err());
+        let mut longer = b.clone();
+        longer.push(0);
+        assert!(decode_hello_request(&longer).is_err());
+        // Reserved bytes after token_len stay zero.
+        let mut r = b.clone();
+        r[25] = 1;
+        assert!(decode_hello_request(&r).is_err());
+        // Too long a token is refused by its reader.
+        let mut long = encode_hello(&l);
+        long[20..22].copy_from_slice(&((MAX_TOKEN_LEN + 1) as u16).to_le_bytes());
+        long.extend(std::iter::repeat_n(b'a', MAX_TOKEN_LEN + 1));
+        assert!(decode_hello_request(&long).is_err());
+        assert!(check_token(b"").is_err() && check_token(b"t").is_ok());
     }
 
     #[test]

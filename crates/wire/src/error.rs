@@ -37,6 +37,9 @@ pub enum Status {
     /// The model's queue is full (`max_queue` requests wait already): the
     /// request was refused at once, never queued.
     Overloaded = 13,
+    /// The session's tenant may not do this: call or see this model, or
+    /// connect with this token (see the agent's tenants file).
+    PermissionDenied = 14,
 }
 
 impl Status {
@@ -58,6 +61,7 @@ impl Status {
             Internal,
             Timeout,
             Overloaded,
+            PermissionDenied,
         ]
         .get(code as usize)
         .copied()
@@ -85,6 +89,7 @@ impl Status {
             Status::Internal => "internal",
             Status::Timeout => "timeout",
             Status::Overloaded => "overloaded",
+            Status::PermissionDenied => "permission-denied",
         }
     }
 }
@@ -177,9 +182,9 @@ mod tests {
 
     #[test]
     fn status_codes_round_trip() {
-        for c in 0..14 {
+        for c in 0..15 {
             assert_eq!(Status::from_code(c).unwrap().code(), c);
         }
-        assert!(Status::from_code(14).is_none());
+        assert!(Status::from_code(15).is_none());
     }
 }

@@ -9,8 +9,9 @@
 //! receiver takes, in the same order.
 
 use crate::control::{
-    decode_error_body, decode_hello, decode_model_list, decode_model_name, decode_signature,
-    encode_error_body, encode_hello, encode_model_list, encode_model_name, encode_signature,
+    decode_error_body, decode_hello, decode_hello_request, decode_model_list, decode_model_name,
+    decode_signature, encode_error_body, encode_hello, encode_hello_with_token, encode_model_list,
+    encode_model_name, encode_signature,
 };
 use crate::error::WireError;
 use crate::header::{flags, Header, Kind, HEADER_LEN};
@@ -93,7 +94,11 @@ pub fn fuzz_decode(bytes: &[u8]) -> Result<(), WireError> {
             }
             return Ok(());
         }
-        Kind::Hello | Kind::HelloAck => {
+        Kind::Hello => {
+            let hello = decode_hello_request(desc)?;
+            assert_eq!(encode_hello_with_token(&hello.limits, hello.token), desc);
+        }
+        Kind::HelloAck => {
             let limits = decode_hello(desc)?;
             assert_eq!(encode_hello(&limits), desc);
         }

@@ -49,8 +49,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use wire::{
-    decode_error_body, decode_hello, encode_hello, Header, Kind, Limits, Status, WireError,
-    HEADER_LEN,
+    decode_error_body, decode_hello, decode_hello_request, encode_hello, encode_hello_with_token,
+    Header, Kind, Limits, Status, WireError, HEADER_LEN,
 };
 
 /// Why a shared-memory session failed.
@@ -99,6 +99,36 @@ pub struct ShmSizes {
     pub client_len: usize,
     /// Bytes of the agent's region (outputs).
     pub agent_len: usize,
+}
+
+impl ShmSizes {
+    /// These sizes, with the two regions shrunk in proportion (to whole
+    /// pages) so that the whole arena (header page, rings, regions) takes
+    /// at most `max_arena` bytes. Unchanged when they fit; a budget below
+    /// the header and rings leaves one page each.
+    pub fn within(self, max_arena: u64) -> ShmSizes {
+        const PAGE: usize = 4096;
+        let ring = Ring::bytes_needed(self.ring_capacity).div_ceil(PAGE) * PAGE;
+        let fixed = PAGE + 2 * ring;
+        let budget = usize::try_from(max_arena).unwrap_or(usize::MAX);
+        let data = budget.saturating_sub(fixed) / PAGE * PAGE;
+        let (c, a) = (
+            self.client_len.div_ceil(PAGE),
+            self.agent_len.div_ceil(PAGE),
+        );
+        if (c + a) * PAGE <= data {
+            return self;
+        }
+        let pages = (data / PAGE).max(2);
+        // u128: pages × c cannot overflow.
+        let client = ((pages as u128 * c as u128) / (c + a).max(1) as u128) as usize;
+        let client = client.clamp(1, pages - 1);
+        ShmSizes {
+            client_len: client * PAGE,
+            agent_len: (pages - client) * PAGE,
+            ..self
+        }
+    }
 }
 
 impl Default for ShmSizes {
@@ -172,7 +202,11 @@ pub struct ShmChannel {
 /// The control-socket path for `shm://name`: `$TENSORWIRE_SHM_DIR/name.sock`,
 /// else `$XDG_RUNTIME_DIR/tensorwire/name.sock`, else
 /// `<temp dir>/tensorwire-<uid>/name.sock`. The directory is created with
-/// mode 0700 (only this user can reach the agent's control socket).
+/// mode 0700 (only this user can reach the agent's control socket). An
+/// existing one is trusted when it is owned by this user or by root and
+/// writable by no one else: an agent run by root (or a service user whose
+/// directory root made) serves clients of other users through a
+/// `TENSORWIRE_SHM_DIR` they can enter, with `serve --socket-mode`.
 pub fn control_path(name: &str) -> io::Result<PathBuf> {
     if name.is_empty()
         || name.len() > 64
@@ -199,14 +233,14 @@ pub fn control_path(name: &str) -> io::Result<PathBuf> {
         .create(&dir)?;
     // The directory may have existed already (e.g. made by another user in a
     // shared temp dir, to plant an impostor agent): trust it only if it is a
-    // real directory, ours, and writable by no one else.
+    // real directory, ours or root's, and writable by no one else.
     let meta = std::fs::symlink_metadata(&dir)?;
     let uid = rustix::process::getuid().as_raw();
-    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+    if !meta.is_dir() || (meta.uid() != uid && meta.uid() != 0) || meta.mode() & 0o022 != 0 {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "{} must be a directory owned by uid {uid} that no one else can write to (it is {}, owner uid {}, mode {:o}); \
+                "{} must be a directory owned by uid {uid} or root that no one else can write to (it is {}, owner uid {}, mode {:o}); \
                  remove it or set TENSORWIRE_SHM_DIR",
                 dir.display(),
                 if meta.is_dir() { "a directory" } else { "not a directory" },
@@ -299,8 +333,9 @@ impl ShmChannel {
                 h.kind
             )));
         }
-        let asked = match decode_hello(&body) {
-            Ok(l) => l,
+        // The token (if any) was the agent's to check before this call.
+        let asked = match decode_hello_request(&body) {
+            Ok(hello) => hello.limits,
             Err(e) => {
                 refuse(&mut sock, e.status(), &e.to_string());
                 return Err(e.into());
@@ -328,17 +363,20 @@ impl ShmChannel {
     }
 
     /// Client side: connects to the control socket at `path`, says Hello
-    /// asking for `asked`, and maps the arena the agent sends back.
+    /// asking for `asked` (with `token`, the bearer token naming the
+    /// client's tenant, if it has one), and maps the arena the agent sends
+    /// back.
     pub fn connect(
         path: &Path,
         asked: &Limits,
+        token: Option<&[u8]>,
         request_id: u64,
         timeout: Duration,
     ) -> Result<(ShmChannel, Limits), ShmError> {
         let mut sock = UnixStream::connect(path)?;
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
-        let body = encode_hello(asked);
+        let body = encode_hello_with_token(asked, token);
         let mut h = Header::new(Kind::Hello);
         h.request_id = request_id;
         h.desc_len = body.len() as u32;
@@ -758,6 +796,21 @@ mod tests {
     use std::os::unix::net::UnixListener;
     use std::time::Instant;
 
+    #[test]
+    fn sizes_shrink_in_proportion_to_fit_an_arena_budget() {
+        let d = ShmSizes::default();
+        assert_eq!(d.within(u64::MAX), d);
+        let s = d.within(8 << 20);
+        let l = Layout::new(s.ring_capacity, s.client_len, s.agent_len).unwrap();
+        assert!(l.arena_len <= 8 << 20, "{}", l.arena_len);
+        assert!(l.arena_len > 7 << 20, "uses the budget: {}", l.arena_len);
+        // 256:64 in the defaults, kept.
+        let ratio = s.client_len as f64 / s.agent_len as f64;
+        assert!((ratio - 4.0).abs() < 0.01, "{ratio}");
+        let tiny = d.within(0);
+        assert_eq!((tiny.client_len, tiny.agent_len), (4096, 4096));
+    }
+
     fn pair(sizes: ShmSizes) -> (ShmChannel, ShmChannel, Limits) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
@@ -767,7 +820,8 @@ mod tests {
             ShmChannel::accept(s, &Limits::default(), sizes, Duration::from_secs(5)).unwrap()
         });
         let (client, limits) =
-            ShmChannel::connect(&path, &Limits::default(), 1, Duration::from_secs(5)).unwrap();
+            ShmChannel::connect(&path, &Limits::default(), None, 1, Duration::from_secs(5))
+                .unwrap();
         let (agent, agent_limits) = t.join().unwrap();
         assert_eq!(limits, agent_limits);
         (client, agent, limits)

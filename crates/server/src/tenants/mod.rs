@@ -1,0 +1,671 @@
+//! Tenants: who a session is, what it may see and call, and how much of
+//! the agent it may hold.
+//!
+//! Without a tenants file the agent is *open*: every session sees and
+//! calls every model within the agent-wide limits, and nothing here runs.
+//! With one (`serve --tenants FILE`, see [`file`]), each session is matched
+//! to a tenant once, at its Hello ([`Tenants::resolve`]):
+//!
+//! 1. a Hello carrying a bearer token: the tenant that lists the token's
+//!    SHA-256; a token no tenant lists is refused (`permission-denied`),
+//!    and the session ends;
+//! 2. no token, a local peer (unix, shm): the tenant listing its uid
+//!    (`SO_PEERCRED`, recorded by the kernel at `connect`), else the
+//!    tenant listing its primary gid;
+//! 3. anyone else: the tenant named `default`, or, when the file has none,
+//!    rights to nothing.
+//!
+//! The session then holds a [`Seat`]: its tenant, checked again only when
+//! the file was reloaded (a generation number, one atomic load a request),
+//! and the last model it was allowed, so an shm request pays one compare
+//! for its capability. Quotas are counted in the tenant's [`Usage`], which
+//! survives reloads (by name): requests in flight ([`Ticket`], held until
+//! the reply), requests waiting in model queues, sessions open, a request
+//! rate (GCRA: one compare-and-swap), request and arena bytes (narrowed
+//! into the session's limits at its Hello).
+//!
+//! In-process callers (`inproc://`, the embedding program's own code) are
+//! the agent's owner and hold no seat.
+
+pub mod file;
+
+use crate::registry::ModelEntry;
+use arc_swap::ArcSwap;
+use file::{ModelSet, Quotas, TenantSpec, TenantsError, DEFAULT_TENANT};
+use sha2::{Digest, Sha256};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use transport::Credentials;
+use wire::{monotonic_ns, Limits, Status};
+
+/// Who is on the other end of a session, as far as the agent can tell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The kernel's record of a local peer (unix, shm).
+    pub creds: Option<Credentials>,
+    /// A tcp peer's source address.
+    pub addr: Option<IpAddr>,
+    /// The agent's own process (in-process callers): never checked.
+    pub in_process: bool,
+}
+
+impl Identity {
+    /// The agent's own code, calling in-process.
+    pub const IN_PROCESS: Identity = Identity {
+        creds: None,
+        addr: None,
+        in_process: true,
+    };
+
+    /// A peer known by nothing but the token it may send (front doors).
+    pub const REMOTE: Identity = Identity {
+        creds: None,
+        addr: None,
+        in_process: false,
+    };
+
+    /// For log lines: `uid 1000 (pid 42)`, `address 10.0.0.1`, `in-process`.
+    pub fn describe(&self) -> String {
+        match (self.creds, self.addr, self.in_process) {
+            (_, _, true) => "in-process".into(),
+            (Some(c), _, _) => format!("uid {} gid {} (pid {})", c.uid, c.gid, c.pid),
+            (None, Some(a), _) => format!("address {a}"),
+            (None, None, false) => "a remote peer".into(),
+        }
+    }
+}
+
+/// A refusal: the status and a message that names what was refused and
+/// the tenant.
+pub type Denied = (Status, String);
+
+/// One tenant in force: its rights, quotas and usage.
+#[derive(Debug)]
+pub struct Tenant {
+    /// Its name.
+    pub name: Arc<str>,
+    models: ModelSet,
+    /// Its quotas.
+    pub quotas: Quotas,
+    /// Its share of a busy model's queue (1..=10 000).
+    pub weight: u32,
+    /// What it holds now, and its counters (kept across reloads).
+    pub usage: Arc<Usage>,
+}
+
+impl Tenant {
+    /// Whether it may list and call the model named `name`.
+    pub fn may_use(&self, name: &str) -> bool {
+        self.models.contains(name)
+    }
+
+    /// `limits` narrowed by this tenant's quotas: a request's payload, and
+    /// requests in flight on one session.
+    pub fn narrow(&self, mut limits: Limits) -> Limits {
+        if let Some(b) = self.quotas.max_request_bytes {
+            limits.max_payload = limits.max_payload.min(b);
+        }
+        if let Some(n) = self.quotas.max_in_flight {
+            limits.max_in_flight = limits.max_in_flight.min(n);
+        }
+        limits
+    }
+}
+
+/// What a tenant holds now, and what happened to its requests: counted
+/// across all its sessions and kept across reloads of the file.
+#[derive(Debug, Default)]
+pub struct Usage {
+    /// Requests between admission and reply.
+    pub in_flight: AtomicU32,
+    /// Requests waiting in a model's queue.
+    pub queued: AtomicU32,
+    /// Sessions open.
+    pub connections: AtomicU32,
+    /// The rate gate's theoretical arrival time (GCRA), monotonic ns.
+    rate_tat: AtomicU64,
+    /// Requests admitted.
+    pub requests: AtomicU64,
+    /// Requests and sessions refused for lack of rights.
+    pub denied: AtomicU64,
+    /// Requests refused by a quota (in flight, queued, bytes, rate,
+    /// connections).
+    pub over_quota: AtomicU64,
+    /// Agent CPU time spent on its requests, ns (while they ran on a
+    /// worker: reading, computing, answering).
+    pub cpu_ns: AtomicU64,
+}
+
+/// A tenant's counters at one moment (for metrics and `stats`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantSnapshot {
+    /// The tenant.
+    pub name: String,
+    /// Requests in flight now.
+    pub in_flight: u32,
+    /// Requests waiting in model queues now.
+    pub queued: u32,
+    /// Sessions open now.
+    pub connections: u32,
+    /// Requests admitted since start.
+    pub requests: u64,
+    /// Requests and sessions refused for lack of rights since start.
+    pub denied: u64,
+    /// Requests refused by a quota since start.
+    pub over_quota: u64,
+    /// Agent CPU ns spent on its requests since start.
+    pub cpu_ns: u64,
+}
+
+/// The tenants in force: one immutable table, swapped whole on reload.
+#[derive(Debug)]
+struct TenantTable {
+    tenants: Vec<Arc<Tenant>>,
+    by_token: HashMap<[u8; 32], usize>,
+    by_uid: HashMap<u32, usize>,
+    by_gid: HashMap<u32, usize>,
+    /// The tenant of identities no other claims.
+    default: Arc<Tenant>,
+}
+
+/// The agent's tenants: the table in force, the file it came from, and a
+/// generation that moves on every reload.
+#[derive(Debug)]
+pub struct Tenants {
+    table: ArcSwap<TenantTable>,
+    generation: AtomicU64,
+    path: Option<PathBuf>,
+    /// Usage by tenant name, kept across reloads (a tenant dropped from
+    /// the file and added back finds its counters).
+    usage: Mutex<HashMap<String, Arc<Usage>>>,
+}
+
+/// What a reload changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Tenants in force now.
+    pub tenants: usize,
+    /// The generation now in force.
+    pub generation: u64,
+}
+
+impl Tenants {
+    /// Reads and checks the tenants file at `path`.
+    pub fn load(path: &Path) -> Result<Tenants, TenantsError> {
+        let specs = file::read(path)?;
+        let t = Tenants::from_specs(specs);
+        Ok(Tenants {
+            path: Some(path.to_path_buf()),
+            ..t
+        })
+    }
+
+    /// Tenants from checked specs (tests, embedding).
+    pub fn from_specs(specs: Vec<TenantSpec>) -> Tenants {
+        let usage = Mutex::new(HashMap::new());
+        let table = build(specs, &usage);
+        Tenants {
+            table: ArcSwap::from_pointee(table),
+            generation: AtomicU64::new(1),
+            path: None,
+            usage,
+        }
+    }
+
+    /// Reads the file again and puts it in force; on any error the table
+    /// in force stays as it was. Sessions keep going: each looks its
+    /// tenant up again before its next request.
+    pub fn reload(&self) -> Result<Reloaded, TenantsError> {
+        let Some(path) = &self.path else {
+            return Err(TenantsError {
+                path: "(none)".into(),
+                line: None,
+                message: "these tenants were not read from a file".into(),
+            });
+        };
+        let specs = file::read(path)?;
+        Ok(self.replace(specs))
+    }
+
+    /// Puts `specs` in force (what [`reload`](Self::reload) does once the
+    /// file is read and checked).
+    pub fn replace(&self, specs: Vec<TenantSpec>) -> Reloaded {
+        let table = build(specs, &self.usage);
+        let tenants = table.tenants.len();
+        self.table.store(Arc::new(table));
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        Reloaded {
+            tenants,
+            generation,
+        }
+    }
+
+    /// The file the tenants came from.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The generation in force (moves on every reload).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The tenant of `who` presenting `token` (see the module doc). A token
+    /// no tenant lists is refused.
+    pub fn resolve(&self, who: &Identity, token: Option<&[u8]>) -> Result<Arc<Tenant>, Denied> {
+        self.resolve_digest(who, token.map(digest).as_ref())
+    }
+
+    fn resolve_digest(
+        &self,
+        who: &Identity,
+        token: Option<&[u8; 32]>,
+    ) -> Result<Arc<Tenant>, Denied> {
+        let t = self.table.load();
+        if let Some(d) = token {
+            return match t.by_token.get(d) {
+                Some(&i) => Ok(t.tenants[i].clone()),
+                None => {
+                    t.default.usage.denied.fetch_add(1, Ordering::Relaxed);
+                    Err((
+                        Status::PermissionDenied,
+                        format!(
+                            "the token {} sent is not one the agent accepts (no tenant lists its \
+                             SHA-256)",
+                            who.describe()
+                        ),
+                    ))
+                }
+            };
+        }
+        let found = who.creds.and_then(|c| {
+            t.by_uid
+                .get(&c.uid)
+                .or_else(|| t.by_gid.get(&c.gid))
+                .copied()
+        });
+        Ok(found.map_or_else(|| t.default.clone(), |i| t.tenants[i].clone()))
+    }
+
+    /// Every tenant in force, with its counters (the implicit `default`
+    /// too, when the file declares none).
+    pub fn snapshot(&self) -> Vec<TenantSnapshot> {
+        let t = self.table.load();
+        let mut all: Vec<&Arc<Tenant>> = t.tenants.iter().collect();
+        if !t.tenants.iter().any(|x| Arc::ptr_eq(x, &t.default)) {
+            all.push(&t.default);
+        }
+        all.into_iter()
+            .map(|x| {
+                let u = &x.usage;
+                TenantSnapshot {
+                    name: x.name.to_string(),
+                    in_flight: u.in_flight.load(Ordering::Relaxed),
+                    queued: u.queued.load(Ordering::Relaxed),
+                    connections: u.connections.load(Ordering::Relaxed),
+                    requests: u.requests.load(Ordering::Relaxed),
+                    denied: u.denied.load(Ordering::Relaxed),
+                    over_quota: u.over_quota.load(Ordering::Relaxed),
+                    cpu_ns: u.cpu_ns.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Seats a new session of `who` with `token`: its tenant, counted
+    /// against the tenant's `max_connections`.
+    pub fn seat(self: &Arc<Self>, who: &Identity, token: Option<&[u8]>) -> Result<Seat, Denied> {
+        let digest = token.map(digest);
+        let tenant = self.resolve_digest(who, digest.as_ref())?;
+        let usage = tenant.usage.clone();
+        let max = tenant.quotas.max_connections;
+        let taken = usage
+            .connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                max.is_none_or(|m| n < m).then_some(n + 1)
+            });
+        if taken.is_err() {
+            usage.over_quota.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::LimitExceeded,
+                format!(
+                    "tenant '{}' has its max_connections ({}) sessions open already",
+                    tenant.name,
+                    max.unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(Seat {
+            tenants: self.clone(),
+            who: *who,
+            digest,
+            generation: Cell::new(self.generation()),
+            tenant: RefCell::new(Ok(tenant)),
+            allowed: Cell::new(None),
+            counted: usage,
+        })
+    }
+}
+
+/// SHA-256 of a token.
+pub fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+/// The table for `specs`, reusing the usage of tenants already known.
+fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> TenantTable {
+    let mut known = usage.lock().unwrap_or_else(|p| p.into_inner());
+    let mut usage_of = |name: &str| {
+        known
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(Usage::default()))
+            .clone()
+    };
+    let mut table = TenantTable {
+        tenants: Vec::with_capacity(specs.len()),
+        by_token: HashMap::new(),
+        by_uid: HashMap::new(),
+        by_gid: HashMap::new(),
+        default: Arc::new(Tenant {
+            name: DEFAULT_TENANT.into(),
+            models: ModelSet::Named(Default::default()),
+            quotas: Quotas::default(),
+            weight: 1,
+            usage: usage_of(DEFAULT_TENANT),
+        }),
+    };
+    for s in specs {
+        let i = table.tenants.len();
+        table
+            .by_token
+            .extend(s.tokens_sha256.iter().map(|d| (*d, i)));
+        table.by_uid.extend(s.uids.iter().map(|u| (*u, i)));
+        table.by_gid.extend(s.gids.iter().map(|g| (*g, i)));
+        let t = Arc::new(Tenant {
+            usage: usage_of(&s.name),
+            name: s.name.as_str().into(),
+            models: s.models,
+            quotas: s.quotas,
+            weight: s.weight,
+        });
+        if &*t.name == DEFAULT_TENANT {
+            table.default = t.clone();
+        }
+        table.tenants.push(t);
+    }
+    table
+}
+
+/// One session's place among the tenants: its tenant (looked up again
+/// after a reload), the last model it was allowed, and its count in the
+/// tenant's `max_connections` (given back when the seat drops).
+#[derive(Debug)]
+pub struct Seat {
+    tenants: Arc<Tenants>,
+    who: Identity,
+    digest: Option<[u8; 32]>,
+    /// The generation `tenant` was resolved in.
+    generation: Cell<u64>,
+    /// The tenant, or why it is no more (a token dropped from the file).
+    tenant: RefCell<Result<Arc<Tenant>, Denied>>,
+    /// The last model id allowed (in `generation`), so a session calling
+    /// one model pays one compare for its capability.
+    allowed: Cell<Option<u32>>,
+    /// The usage whose `connections` this seat counts in.
+    counted: Arc<Usage>,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.counted.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Seat {
+    /// The tenant in force for this session, looked up again when the file
+    /// was reloaded since.
+    pub fn tenant(&self) -> Result<Arc<Tenant>, Denied> {
+        let now = self.tenants.generation();
+        if now != self.generation.get() {
+            *self.tenant.borrow_mut() =
+                self.tenants.resolve_digest(&self.who, self.digest.as_ref());
+            self.generation.set(now);
+            self.allowed.set(None);
+        }
+        self.tenant.borrow().clone()
+    }
+
+    /// The name of the tenant in force (for messages).
+    pub fn tenant_name(&self) -> String {
+        self.tenant()
+            .map_or_else(|_| "(none)".into(), |t| t.name.to_string())
+    }
+
+    /// Whether this session may list and look up the model named `name`.
+    pub fn may_see(&self, name: &str) -> bool {
+        self.tenant().is_ok_and(|t| t.may_use(name))
+    }
+
+    /// Admits one request for `model` carrying `payload` bytes: the
+    /// capability (cached per model), the request size, the rate and the
+    /// tenant's in-flight quota. The [`Ticket`] counts the request in
+    /// flight until it drops.
+    pub fn admit(&self, model: &ModelEntry, payload: u64) -> Result<Ticket, Denied> {
+        let tenant = self.tenant()?;
+        let usage = &tenant.usage;
+        if self.allowed.get() != Some(model.id) {
+            let name = &model.signature().name;
+            if !tenant.may_use(name) {
+                usage.denied.fetch_add(1, Ordering::Relaxed);
+                return Err((
+                    Status::PermissionDenied,
+                    format!(
+                        "tenant '{}' may not call model '{name}' (see the agent's tenants file)",
+                        tenant.name
+                    ),
+                ));
+            }
+            self.allowed.set(Some(model.id));
+        }
+        let q = &tenant.quotas;
+        let over = |msg: String| {
+            usage.over_quota.fetch_add(1, Ordering::Relaxed);
+            Err((Status::LimitExceeded, msg))
+        };
+        if let Some(max) = q.max_request_bytes.filter(|&m| payload > m) {
+            return over(format!(
+                "tenant '{}' may send at most {max} payload bytes a request, not {payload}",
+                tenant.name
+            ));
+        }
+        if let Some(rate) = q.rate {
+            if !gcra(&usage.rate_tat, rate.per_second, rate.burst) {
+                usage.over_quota.fetch_add(1, Ordering::Relaxed);
+                return Err((
+                    Status::Overloaded,
+                    format!(
+                        "tenant '{}' is over its rate of {} requests/s (burst {}); retry later",
+                        tenant.name, rate.per_second, rate.burst
+                    ),
+                ));
+            }
+        }
+        let max = q.max_in_flight;
+        let taken = usage
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                max.is_none_or(|m| n < m).then_some(n + 1)
+            });
+        if taken.is_err() {
+            usage.over_quota.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::TooManyInFlight,
+                format!(
+                    "tenant '{}' has its max_in_flight ({}) requests in flight already, over \
+                     all its sessions",
+                    tenant.name,
+                    max.unwrap_or_default()
+                ),
+            ));
+        }
+        usage.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(Ticket { tenant })
+    }
+}
+
+/// One admitted request's count in its tenant's in-flight quota (given
+/// back on drop), and what the model queue needs of its tenant.
+#[derive(Debug)]
+pub struct Ticket {
+    /// The request's tenant.
+    pub tenant: Arc<Tenant>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.tenant.usage.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The generic cell rate algorithm: one request at `per_second`, `burst`
+/// at once. `tat` is the theoretical arrival time of the next request
+/// (monotonic ns); a request is allowed when it comes no more than
+/// `(burst - 1)` intervals early, and moves `tat` on by one interval.
+fn gcra(tat: &AtomicU64, per_second: f64, burst: u32) -> bool {
+    let interval = (1e9 / per_second).max(1.0) as u64;
+    let slack = interval.saturating_mul(u64::from(burst.saturating_sub(1)));
+    let now = monotonic_ns();
+    tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+        let t = t.max(now);
+        (t - now <= slack).then(|| t.saturating_add(interval))
+    })
+    .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds(uid: u32, gid: u32) -> Identity {
+        Identity {
+            creds: Some(Credentials { pid: 1, uid, gid }),
+            ..Identity::REMOTE
+        }
+    }
+
+    fn tenants(text: &str) -> Arc<Tenants> {
+        Arc::new(Tenants::from_specs(file::parse(text, "t.toml").unwrap()))
+    }
+
+    fn tok(t: &str) -> String {
+        digest(t.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    #[test]
+    fn tokens_then_uids_then_gids_then_default() {
+        let t = tenants(&format!(
+            "[[tenant]]\nname = \"a\"\ntokens_sha256 = [\"{}\"]\nuids = [1]\n\
+             [[tenant]]\nname = \"b\"\ngids = [5]\n\
+             [[tenant]]\nname = \"default\"\nmodels = [\"identity\"]\n",
+            tok("ta")
+        ));
+        let name = |who: Identity, token: Option<&str>| {
+            t.resolve(&who, token.map(str::as_bytes))
+                .map(|x| x.name.to_string())
+        };
+        assert_eq!(name(creds(9, 9), Some("ta")).unwrap(), "a");
+        assert_eq!(name(creds(1, 5), None).unwrap(), "a");
+        assert_eq!(name(creds(2, 5), None).unwrap(), "b");
+        assert_eq!(name(creds(2, 6), None).unwrap(), "default");
+        assert_eq!(name(Identity::REMOTE, None).unwrap(), "default");
+        // A token no tenant lists is refused, even for a known uid.
+        let (status, msg) = name(creds(1, 5), Some("wrong")).unwrap_err();
+        assert_eq!(status, Status::PermissionDenied);
+        assert!(msg.contains("not one the agent accepts"), "{msg}");
+    }
+
+    #[test]
+    fn without_a_default_tenant_the_unknown_get_nothing() {
+        let t = tenants("[[tenant]]\nname = \"a\"\nuids = [1]\nmodels = [\"*\"]\n");
+        let d = t.resolve(&creds(2, 2), None).unwrap();
+        assert_eq!(&*d.name, "default");
+        assert!(!d.may_use("identity"));
+        assert!(t.resolve(&creds(1, 2), None).unwrap().may_use("anything"));
+        assert_eq!(t.snapshot().len(), 2, "the implicit default is listed");
+    }
+
+    #[test]
+    fn connections_are_counted_and_given_back() {
+        let t = tenants("[[tenant]]\nname = \"a\"\nuids = [1]\nmax_connections = 2\n");
+        let s1 = t.seat(&creds(1, 1), None).unwrap();
+        let _s2 = t.seat(&creds(1, 1), None).unwrap();
+        let (status, msg) = t.seat(&creds(1, 1), None).unwrap_err();
+        assert_eq!(status, Status::LimitExceeded);
+        assert!(msg.contains("max_connections (2)"), "{msg}");
+        // Another tenant is not affected.
+        let _other = t.seat(&creds(2, 2), None).unwrap();
+        drop(s1);
+        assert!(t.seat(&creds(1, 1), None).is_ok());
+    }
+
+    #[test]
+    fn the_rate_gate_allows_the_burst_then_the_rate() {
+        let tat = AtomicU64::new(0);
+        // 1 request/s, burst 3: three at once, then none for a while.
+        let allowed = (0..10).filter(|_| gcra(&tat, 1.0, 3)).count();
+        assert_eq!(allowed, 3);
+        // A fast rate refills quickly.
+        let tat = AtomicU64::new(0);
+        assert!((0..5).all(|_| gcra(&tat, 1e9, 5)));
+    }
+
+    #[test]
+    fn a_reload_keeps_usage_and_moves_sessions_to_their_new_tenant() {
+        let t = tenants(&format!(
+            "[[tenant]]\nname = \"a\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"m\"]\n",
+            tok("ta")
+        ));
+        let seat = t.seat(&Identity::REMOTE, Some(b"ta")).unwrap();
+        assert!(seat.may_see("m") && !seat.may_see("n"));
+        let usage = seat.tenant().unwrap().usage.clone();
+        // Same token, new rights: the seat follows.
+        t.replace(
+            file::parse(
+                &format!(
+                    "[[tenant]]\nname = \"a\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"n\"]\n",
+                    tok("ta")
+                ),
+                "t.toml",
+            )
+            .unwrap(),
+        );
+        assert!(seat.may_see("n") && !seat.may_see("m"));
+        assert!(Arc::ptr_eq(&usage, &seat.tenant().unwrap().usage));
+        assert_eq!(usage.connections.load(Ordering::Relaxed), 1);
+        // The token dropped: the session's requests are refused from now on.
+        t.replace(Vec::new());
+        assert_eq!(seat.tenant().unwrap_err().0, Status::PermissionDenied);
+        drop(seat);
+        assert_eq!(usage.connections.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_tenant_narrows_the_session_limits() {
+        let t = tenants(
+            "[[tenant]]\nname = \"a\"\nuids = [1]\nmax_request_bytes = 100\nmax_in_flight = 3\n",
+        );
+        let l = t
+            .resolve(&creds(1, 1), None)
+            .unwrap()
+            .narrow(Limits::default());
+        assert_eq!((l.max_payload, l.max_in_flight), (100, 3));
+        assert_eq!(l.max_tensors, Limits::default().max_tensors);
+    }
+}
