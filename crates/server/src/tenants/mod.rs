@@ -346,7 +346,28 @@ impl Tenants {
             generation: Cell::new(self.generation()),
             tenant: RefCell::new(Ok(tenant)),
             allowed: Cell::new(None),
-            counted: usage,
+            counted: Some(usage),
+        })
+    }
+
+    /// A seat for one request that comes without a session of its own (a
+    /// KServe front door's HTTP or gRPC call): its tenant, not counted in
+    /// `max_connections`.
+    pub fn request_seat(
+        self: &Arc<Self>,
+        who: &Identity,
+        token: Option<&[u8]>,
+    ) -> Result<Seat, Denied> {
+        let digest = token.map(digest);
+        let tenant = self.resolve_digest(who, digest.as_ref())?;
+        Ok(Seat {
+            tenants: self.clone(),
+            who: *who,
+            digest,
+            generation: Cell::new(self.generation()),
+            tenant: RefCell::new(Ok(tenant)),
+            allowed: Cell::new(None),
+            counted: None,
         })
     }
 }
@@ -415,13 +436,16 @@ pub struct Seat {
     /// The last model id allowed (in `generation`), so a session calling
     /// one model pays one compare for its capability.
     allowed: Cell<Option<u32>>,
-    /// The usage whose `connections` this seat counts in.
-    counted: Arc<Usage>,
+    /// The usage whose `connections` this seat counts in (none for a
+    /// request's own seat).
+    counted: Option<Arc<Usage>>,
 }
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        self.counted.connections.fetch_sub(1, Ordering::AcqRel);
+        if let Some(u) = &self.counted {
+            u.connections.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -612,6 +636,10 @@ mod tests {
         // Another tenant is not affected.
         let _other = t.seat(&creds(2, 2), None).unwrap();
         drop(s1);
+        let _s3 = t.seat(&creds(1, 1), None).unwrap();
+        // A front-door request's seat is not a session: not counted.
+        let _r = t.request_seat(&creds(1, 1), None).unwrap();
+        drop(_s3);
         assert!(t.seat(&creds(1, 1), None).is_ok());
     }
 
