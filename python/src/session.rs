@@ -152,19 +152,23 @@ impl Client {
     /// Connects to `uri` (`shm://name`, `unix:///path`, `tcp://host:port`,
     /// `inproc://name`). `timeout`: seconds a call waits for its response;
     /// `connect_timeout`: seconds connecting may take; `spin_us`: how long
-    /// a waiting call polls before it blocks (default: the Rust client's).
+    /// a waiting call polls before it blocks (default: the Rust client's);
+    /// `token`: the bearer token naming the client's tenant (the Python
+    /// layer defaults it to `TENSORWIRE_TOKEN`).
     #[new]
-    #[pyo3(signature = (uri, timeout = 30.0, connect_timeout = 5.0, spin_us = None))]
+    #[pyo3(signature = (uri, timeout = 30.0, connect_timeout = 5.0, spin_us = None, token = None))]
     fn new(
         py: Python<'_>,
         uri: &str,
         timeout: f64,
         connect_timeout: f64,
         spin_us: Option<u64>,
+        token: Option<String>,
     ) -> PyResult<Client> {
         let mut opts = ClientOptions {
             timeout: seconds("timeout", timeout)?,
             connect_timeout: seconds("connect_timeout", connect_timeout)?,
+            token: token.filter(|t| !t.is_empty()),
             ..ClientOptions::default()
         };
         if opts.timeout.is_zero() || opts.connect_timeout.is_zero() {

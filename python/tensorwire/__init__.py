@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import operator
+import os
 import threading
 import weakref
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -40,6 +41,7 @@ from ._native import (
     InvalidInput,
     LimitExceeded,
     Overloaded,
+    PermissionDenied,
     ProtocolError,
     ReleasedError,
     ShuttingDown,
@@ -63,6 +65,7 @@ __all__ = [
     "InvalidInput",
     "LimitExceeded",
     "Overloaded",
+    "PermissionDenied",
     "Timeout",
     "Disconnected",
     "ShuttingDown",
@@ -402,6 +405,7 @@ def connect(
     timeout: float = 30.0,
     connect_timeout: float = 5.0,
     spin_us: Optional[int] = None,
+    token: Optional[str] = None,
 ) -> Client:
     """Connects to a tensorwire agent.
 
@@ -411,10 +415,16 @@ def connect(
     ``timeout``: seconds a call waits for its response (:class:`Timeout`).
     ``connect_timeout``: seconds connecting may take.
     ``spin_us``: microseconds a waiting call polls before it sleeps.
+    ``token``: the bearer token naming this client's tenant in an agent
+    with a tenants file (default: the ``TENSORWIRE_TOKEN`` environment
+    variable, if set).
 
-    Raises :class:`ConnectError` when the agent cannot be reached.
+    Raises :class:`ConnectError` when the agent cannot be reached, and
+    :class:`PermissionDenied` when it does not accept the token.
     """
-    return Client(uri, timeout, connect_timeout, spin_us)
+    if token is None:
+        token = os.environ.get("TENSORWIRE_TOKEN") or None
+    return Client(uri, timeout, connect_timeout, spin_us, token)
 
 
 def _find_onnxruntime() -> None:

@@ -13,17 +13,18 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use wire::{
-    decode_error_body, decode_hello, decode_model_list, decode_model_name, decode_signature,
-    decode_tensor_section, encode_error_body, encode_hello, encode_model_list, encode_model_name,
-    encode_signature, encode_tensor_section, flags, fuzz_decode, layout_payload, DType, Header,
-    Kind, Limits, ModelSignature, Stage, Status, TensorDesc, TensorSection, TensorSpec, Timeline,
-    HEADER_LEN,
+    decode_error_body, decode_hello, decode_hello_request, decode_model_list, decode_model_name,
+    decode_signature, decode_tensor_section, encode_error_body, encode_hello,
+    encode_hello_with_token, encode_model_list, encode_model_name, encode_signature,
+    encode_tensor_section, flags, fuzz_decode, layout_payload, DType, Header, Hello, Kind, Limits,
+    ModelSignature, Stage, Status, TensorDesc, TensorSection, TensorSpec, Timeline, HEADER_LEN,
 };
 
 /// Every vector the document must contain, in document order.
-const EXPECTED: [&str; 14] = [
+const EXPECTED: [&str; 16] = [
     "hello",
     "hello-ack",
+    "hello-token",
     "model-query-identity",
     "model-info-identity",
     "model-info-dynamic",
@@ -33,6 +34,7 @@ const EXPECTED: [&str; 14] = [
     "response-with-timeline",
     "request-priority",
     "error-unknown-model",
+    "error-permission-denied",
     "error-fatal",
     "ping",
     "pong",
@@ -117,6 +119,8 @@ fn doc_vectors() -> BTreeMap<String, Vec<u8>> {
 enum Body {
     Empty,
     Limits(Limits),
+    /// A Hello carrying a bearer token.
+    HelloToken(Limits, Vec<u8>),
     ModelName(String),
     Signature(ModelSignature),
     ModelList(Vec<(u32, ModelSignature)>),
@@ -135,6 +139,7 @@ fn encode_body(body: &Body) -> Vec<u8> {
     match body {
         Body::Empty => Vec::new(),
         Body::Limits(l) => encode_hello(l),
+        Body::HelloToken(l, t) => encode_hello_with_token(l, Some(t)),
         Body::ModelName(n) => encode_model_name(n),
         Body::Signature(s) => {
             let mut b = Vec::new();
@@ -194,7 +199,14 @@ fn decode(bytes: &[u8]) -> Message {
         Kind::Request | Kind::Response => {
             Body::Tensors(decode_tensor_section(&header, desc).expect("tensor section decodes"))
         }
-        Kind::Hello | Kind::HelloAck => Body::Limits(decode_hello(desc).expect("limits decode")),
+        Kind::Hello => match decode_hello_request(desc).expect("hello decodes") {
+            Hello {
+                limits,
+                token: Some(t),
+            } => Body::HelloToken(limits, t.to_vec()),
+            Hello { limits, .. } => Body::Limits(limits),
+        },
+        Kind::HelloAck => Body::Limits(decode_hello(desc).expect("limits decode")),
         Kind::ModelQuery => {
             Body::ModelName(decode_model_name(desc).expect("name decodes").to_string())
         }
@@ -282,6 +294,11 @@ fn expected(name: &str) -> Message {
             let in_force = Limits::default().narrowed_by(&hello_limits());
             message(header(Kind::HelloAck, 1), Body::Limits(in_force), vec![])
         }
+        "hello-token" => message(
+            header(Kind::Hello, 1),
+            Body::HelloToken(hello_limits(), b"s3cret".to_vec()),
+            vec![],
+        ),
         "model-query-identity" => message(
             header(Kind::ModelQuery, 2),
             Body::ModelName("identity".into()),
@@ -369,6 +386,14 @@ fn expected(name: &str) -> Message {
                 ..header(Kind::Error, 5)
             },
             Body::ErrorMessage("no model named 'resnet50'".into()),
+            vec![],
+        ),
+        "error-permission-denied" => message(
+            Header {
+                status: Status::PermissionDenied,
+                ..header(Kind::Error, 7)
+            },
+            Body::ErrorMessage("tenant 'analytics' may not call model 'resnet50'".into()),
             vec![],
         ),
         "error-fatal" => message(

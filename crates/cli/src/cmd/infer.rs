@@ -8,7 +8,7 @@
 //! spent waiting) fails the command with the agent's message, like any
 //! other error.
 
-use super::{connect, parse_models, CmdError, DEFAULT_CONNECT};
+use super::{connect, parse_models, CmdError, TokenArg, DEFAULT_CONNECT};
 use client::{ClientOptions, Stage, TensorRef};
 use npy::{read_npy, write_npy, NpyArray};
 use std::collections::HashMap;
@@ -52,6 +52,8 @@ pub struct Args {
         value_parser = clap::value_parser!(u64).range(0..=MAX_QUEUE_TIMEOUT_MS)
     )]
     queue_timeout_ms: u64,
+    #[command(flatten)]
+    token: TokenArg,
 }
 
 /// The longest queue timeout a request header holds (`u32::MAX` µs, ~71 min),
@@ -80,7 +82,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         timeout: defaults.timeout + queue_timeout,
         ..defaults
     };
-    let c = connect(&a.connect, &parse_models(&a.load)?, opts)?;
+    let c = connect(&a.connect, &parse_models(&a.load)?, a.token.apply(opts))?;
     let model = c
         .client
         .model(&a.model)?

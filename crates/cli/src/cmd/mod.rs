@@ -20,6 +20,31 @@ pub type CmdError = Box<dyn std::error::Error>;
 /// The endpoint used when none is given: the embedded, in-process agent.
 pub const DEFAULT_CONNECT: &str = "inproc://";
 
+/// The bearer token every client subcommand takes: it names the client's
+/// tenant in an agent with a tenants file (`serve --tenants`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TokenArg {
+    /// Bearer token naming this client's tenant in the agent (sent in the
+    /// session's Hello).
+    #[arg(
+        long,
+        env = "TENSORWIRE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+}
+
+impl TokenArg {
+    /// `opts` carrying this token (an empty one is no token).
+    pub fn apply(&self, opts: client::ClientOptions) -> client::ClientOptions {
+        client::ClientOptions {
+            token: self.token.clone().filter(|t| !t.is_empty()),
+            ..opts
+        }
+    }
+}
+
 /// A connected client, and the embedded agent it talks to when `uri` is
 /// `inproc://...` (kept alive as long as the client is used).
 pub struct Connection {

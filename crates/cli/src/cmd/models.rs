@@ -1,6 +1,6 @@
 //! `tensorwire models`: list an agent's models and their signatures.
 
-use super::{connect, parse_models, CmdError, DEFAULT_CONNECT};
+use super::{connect, parse_models, CmdError, TokenArg, DEFAULT_CONNECT};
 
 /// Arguments of `models`.
 #[derive(clap::Args)]
@@ -11,11 +11,17 @@ pub struct Args {
     /// For the embedded agent (inproc://): models to load, NAME=PATH.onnx.
     #[arg(long = "load", value_name = "NAME=PATH")]
     load: Vec<String>,
+    #[command(flatten)]
+    token: TokenArg,
 }
 
-/// Prints one line per model.
+/// Prints one line per model (those the client's tenant may use).
 pub fn run(a: Args) -> Result<(), CmdError> {
-    let c = connect(&a.connect, &parse_models(&a.load)?, Default::default())?;
+    let c = connect(
+        &a.connect,
+        &parse_models(&a.load)?,
+        a.token.apply(Default::default()),
+    )?;
     for m in c.client.models()? {
         println!(
             "{:<20} id {:<3} {}",

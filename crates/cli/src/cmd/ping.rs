@@ -3,7 +3,7 @@
 //! against in the same run, or through no transport at all (`--connect
 //! local`: the engine called directly, the baseline of the RPC tax).
 
-use super::{connect, parse_models, CmdError, DEFAULT_CONNECT};
+use super::{connect, parse_models, CmdError, TokenArg, DEFAULT_CONNECT};
 use bench::raw::{self, EchoOptions, RawKind, RawOptions};
 use bench::raw_shm::{self, ShmOptions};
 use bench::stats::{summarize, Summary};
@@ -77,6 +77,8 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    token: TokenArg,
 }
 
 /// Arguments of the hidden `raw-echo` peer.
@@ -255,7 +257,7 @@ fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
     if let Some(us) = a.spin_us {
         opts.spin = spin_budget(us)?;
     }
-    let c = connect(&a.connect, &parse_models(&a.load)?, opts)?;
+    let c = connect(&a.connect, &parse_models(&a.load)?, a.token.apply(opts))?;
     if a.control {
         // `Client::ping` times its own round trip: timing around it as well
         // would count two more clock reads (~60 ns) than an empty request.

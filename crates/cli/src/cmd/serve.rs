@@ -1,4 +1,5 @@
-//! `tensorwire serve`: run an agent until SIGINT or SIGTERM.
+//! `tensorwire serve`: run an agent until SIGINT or SIGTERM; SIGHUP reads
+//! the tenants file again.
 
 use super::CmdError;
 use server::{Agent, AgentConfig, ModelConfig};
@@ -88,6 +89,24 @@ pub struct Args {
     /// Seconds in-flight requests get to finish on shutdown.
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// A tenants file (TOML): which identities (tokens, uids, gids) may see
+    /// and call which models, with what quotas. Read again on SIGHUP
+    /// (sessions stay; a bad file leaves the old one in force). Without
+    /// one, every client may use every model.
+    #[arg(long, value_name = "FILE")]
+    tenants: Option<PathBuf>,
+    /// Permission bits of unix:// sockets and shm:// control sockets
+    /// (octal; default 0600: only the agent's user may connect).
+    #[arg(long, value_name = "MODE")]
+    socket_mode: Option<String>,
+    /// Group of those sockets (a name or gid), e.g. with --socket-mode 0660.
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// Allow tcp://, grpc:// and http:// listeners on addresses other than
+    /// loopback. The agent has no TLS yet: tokens and tensors cross the
+    /// network in clear text.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// Runs the agent in the foreground.
@@ -143,6 +162,16 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     if let Some(n) = a.shm_spin_us {
         cfg.shm_spin_us = n;
     }
+    if let Some(t) = &a.tenants {
+        cfg.tenants = Some(t.clone());
+    }
+    if let Some(m) = &a.socket_mode {
+        cfg.socket_mode = server::config::parse_mode(m)?;
+    }
+    if let Some(g) = &a.socket_group {
+        cfg.socket_group = Some(g.clone());
+    }
+    cfg.insecure |= a.insecure;
     if cfg.listen.is_empty() && listen.grpc.is_empty() && listen.http.is_empty() {
         return Err(
             "nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into(),
@@ -179,6 +208,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
+    let hangup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hangup.clone())?;
     let agent = Agent::start(cfg)?;
     for m in agent.core().registry.models() {
         let s = m.signature();
@@ -210,8 +241,19 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     }
     use std::io::Write;
     std::io::stdout().flush()?;
+    if let Some(t) = agent.core().tenants() {
+        let names: Vec<String> = t.snapshot().into_iter().map(|s| s.name).collect();
+        eprintln!(
+            "tensorwire agent: tenants from {}: {}",
+            t.path().map_or("?".into(), |p| p.display().to_string()),
+            names.join(", ")
+        );
+    }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
+        if hangup.swap(false, Ordering::Relaxed) {
+            reload_tenants(&agent);
+        }
     }
     eprintln!(
         "tensorwire agent: shutting down (in-flight requests get {}s to finish)",
@@ -231,6 +273,22 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         st.responses, st.errors, st.cpu_moves
     );
     Ok(())
+}
+
+/// SIGHUP: reads the tenants file again. A bad file is logged and the one
+/// in force stays; sessions are never dropped.
+fn reload_tenants(agent: &Agent) {
+    let Some(t) = agent.core().tenants() else {
+        eprintln!("tensorwire agent: SIGHUP: no tenants file to reload (serve --tenants FILE)");
+        return;
+    };
+    match t.reload() {
+        Ok(r) => eprintln!(
+            "tensorwire agent: tenants reloaded: {} tenants (generation {})",
+            r.tenants, r.generation
+        ),
+        Err(e) => eprintln!("tensorwire agent: tenants NOT reloaded, the old ones stay: {e}"),
+    }
 }
 
 /// `(x: float32[?, 64]) -> (logits: float32[?, 10])`.
