@@ -136,7 +136,8 @@ fn tokens_and_uids_choose_what_a_session_sees_and_calls_on_every_transport() {
 fn a_local_peer_without_token_is_its_uid_s_tenant() {
     let dir = tempfile::tempdir().expect("tmp");
     let tenants = write_tenants(dir.path(), &two_tenants("\"identity\""));
-    let agent = ServeProcess::spawn(&["--tenants", &tenants]);
+    let digits = format!("digits={}", common::digits_model().display());
+    let agent = ServeProcess::spawn(&["--tenants", &tenants, "--model", &digits]);
     let c = with_token(&agent.uris[0], None).expect("connect");
     assert_eq!(model_names(&c), ["identity"]);
     identity_call(&c).expect("this uid may call identity");
@@ -219,7 +220,7 @@ fn quotas_refuse_only_the_tenant_over_them() {
     // In flight, over all its sessions: one slow request holds the quota.
     let s1 = with_token(&uri, Some("s")).expect("small 1");
     let s2 = with_token(&uri, Some("s")).expect("small 2");
-    let held = std::thread::spawn(move || slow_call(&s1));
+    let held = std::thread::spawn(move || slow_call(&s1).map(|()| s1));
     common::wait_until(Duration::from_secs(5), "the slow request runs", || {
         agent.agent().stats().in_flight == 1
     });
@@ -233,7 +234,8 @@ fn quotas_refuse_only_the_tenant_over_them() {
     // Another tenant is not held back.
     let o = with_token(&uri, Some("o")).expect("other");
     slow_call(&o).expect("other's request runs meanwhile");
-    held.join()
+    let _s1 = held
+        .join()
         .expect("thread")
         .expect("the held request finishes");
     slow_call(&s2).expect("the quota is free again");
