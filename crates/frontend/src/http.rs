@@ -5,6 +5,7 @@
 //! parameters). Each inference is turned into the gRPC front door's input
 //! tensors and run through the same `infer_over_core` path.
 
+use crate::access::{self, check_operator};
 use crate::datatype::dtype_from_kserve;
 use crate::door::{run_request, FrontDoor, INLINE_MAX_BYTES};
 use crate::metrics::Metrics;
@@ -17,8 +18,8 @@ use crate::proto::{DataType, ModelConfig};
 use crate::server::{parse_host_port, FrontendError, Running};
 use crate::service::EXTENSIONS;
 use crate::service::{
-    find_model, infer_over_core, metadata, platform, InFlight, Output, Requested, Scheduling,
-    Shared,
+    find_model, infer_over_core, metadata, platform, Caller, InFlight, Output, Requested,
+    Scheduling, Shared,
 };
 use crate::statistics::{model_statistics, stats_json, Refusal};
 use crate::sysshm::{shm_ref, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
@@ -30,6 +31,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
+use server::tenants::Seat;
 use server::Via;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -182,8 +184,33 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
     r
 }
 
+/// The seat of the caller whose request has `headers` (its
+/// `Authorization`; see [`crate::access`]); none, without reading the
+/// headers, when the agent has no tenants.
+fn seat_of(app: &App, headers: &HeaderMap) -> Result<Option<Seat>, Status> {
+    if app.door.core.tenants().is_none() {
+        return Ok(None);
+    }
+    access::seat(
+        &app.door.core,
+        headers
+            .get_all(header::AUTHORIZATION)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
 /// The HTTP answer to a refusal from the shared path.
 fn status_response(s: &Status) -> Response {
+    if s.code() == Code::Unauthenticated {
+        // RFC 6750: say which scheme the agent wants.
+        let mut r = error(StatusCode::UNAUTHORIZED, s.message());
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"tensorwire\""),
+        );
+        return r;
+    }
     let code = match s.code() {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -224,9 +251,15 @@ async fn server_metadata() -> Response {
 
 /// Triton's statistics extension: `v2/models/stats` (every model),
 /// `v2/models/NAME/stats`, `v2/models/NAME/versions/V/stats`.
-async fn model_stats(State(app): State<App>, Path(p): Path<HashMap<String, String>>) -> Response {
+async fn model_stats(
+    State(app): State<App>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
     let (name, version) = name_version(&p);
-    match model_statistics(&app.door.core, &name, &version) {
+    let found = seat_of(&app, &headers)
+        .and_then(|seat| model_statistics(&app.door.core, seat.as_ref(), &name, &version));
+    match found {
         Ok(r) => json_response(StatusCode::OK, &stats_json(&r)),
         Err(s) => status_response(&s),
     }
@@ -234,9 +267,15 @@ async fn model_stats(State(app): State<App>, Path(p): Path<HashMap<String, Strin
 
 /// Triton's model configuration extension: the config as JSON, with
 /// Triton's field and enum names.
-async fn model_config(State(app): State<App>, Path(p): Path<HashMap<String, String>>) -> Response {
+async fn model_config(
+    State(app): State<App>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
     let (name, version) = name_version(&p);
-    match model_control::config(&app.door, &name, &version) {
+    let found = seat_of(&app, &headers)
+        .and_then(|seat| model_control::config(&app.door, seat.as_ref(), &name, &version));
+    match found {
         Ok(c) => json_response(StatusCode::OK, &config_json(&c)),
         Err(s) => status_response(&s),
     }
@@ -256,12 +295,16 @@ fn repository_body(body: &Bytes) -> Result<Map<String, Value>, Status> {
 
 /// `POST v2/repository/index` (body `{"ready": bool}`, optional): a JSON
 /// array of `{name, version, state, reason}`.
-async fn repository_index(State(app): State<App>, body: Bytes) -> Response {
+async fn repository_index(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    let seat = match seat_of(&app, &headers) {
+        Ok(seat) => seat,
+        Err(s) => return status_response(&s),
+    };
     let ready = match repository_body(&body) {
         Ok(m) => m.get("ready").and_then(Value::as_bool).unwrap_or(false),
         Err(s) => return status_response(&s),
     };
-    match model_control::index(&app.door, ready) {
+    match model_control::index(&app.door, seat.as_ref(), ready) {
         Ok(models) => {
             let list: Vec<Value> = models
                 .into_iter()
@@ -284,6 +327,12 @@ async fn repository_index(State(app): State<App>, body: Bytes) -> Response {
     }
 }
 
+/// Refuses `what` to a caller whose tenant may not change the agent for
+/// every tenant ([`access::check_operator`]).
+fn operator(app: &App, headers: &HeaderMap, what: &str) -> Result<(), Status> {
+    check_operator(seat_of(app, headers)?.as_ref(), what)
+}
+
 /// The parameter names of a repository call's body.
 fn parameter_names(m: &Map<String, Value>) -> Vec<String> {
     m.get("parameters")
@@ -296,8 +345,12 @@ fn parameter_names(m: &Map<String, Value>) -> Vec<String> {
 async fn repository_load(
     State(app): State<App>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Err(s) = operator(&app, &headers, "load models") {
+        return status_response(&s);
+    }
     let params = match repository_body(&body) {
         Ok(m) => parameter_names(&m),
         Err(s) => return status_response(&s),
@@ -324,8 +377,12 @@ async fn repository_load(
 async fn repository_unload(
     State(app): State<App>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Err(s) = operator(&app, &headers, "unload models") {
+        return status_response(&s);
+    }
     let params = match repository_body(&body) {
         Ok(m) => parameter_names(&m),
         Err(s) => return status_response(&s),
@@ -417,9 +474,15 @@ async fn server_ready(State(app): State<App>) -> StatusCode {
     }
 }
 
-async fn model_ready(State(app): State<App>, Path(p): Path<HashMap<String, String>>) -> Response {
+async fn model_ready(
+    State(app): State<App>,
+    Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
     let (name, version) = name_version(&p);
-    if let Err(s) = find_model(&app.door.core, &name, &version) {
+    let found = seat_of(&app, &headers)
+        .and_then(|seat| find_model(&app.door.core, seat.as_ref(), &name, &version));
+    if let Err(s) = found {
         return status_response(&s);
     }
     if app.shared.ready(&app.door) {
@@ -435,9 +498,12 @@ async fn model_ready(State(app): State<App>, Path(p): Path<HashMap<String, Strin
 async fn model_metadata(
     State(app): State<App>,
     Path(p): Path<HashMap<String, String>>,
+    headers: HeaderMap,
 ) -> Response {
     let (name, version) = name_version(&p);
-    let model = match find_model(&app.door.core, &name, &version) {
+    let found = seat_of(&app, &headers)
+        .and_then(|seat| find_model(&app.door.core, seat.as_ref(), &name, &version));
+    let model = match found {
         Ok(m) => m,
         Err(s) => return status_response(&s),
     };
@@ -469,6 +535,11 @@ async fn model_infer(
     body: Body,
 ) -> Response {
     let _call = InFlight::enter(&app.shared);
+    // The caller's tenant, before the body is read.
+    let seat = match seat_of(&app, &headers) {
+        Ok(seat) => seat,
+        Err(s) => return status_response(&s),
+    };
     // Refuse an oversized body on its Content-Length, before reading it.
     if let Some(len) = headers.get(header::CONTENT_LENGTH) {
         match len.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
@@ -524,7 +595,7 @@ async fn model_infer(
             memchr::memmem::find(json, PARAM_REGION.as_bytes()).is_some(),
         );
     match run_request(inline, move || {
-        infer(&door, &shared, &name, &version, body, header_len)
+        infer(&door, &shared, seat, &name, &version, body, header_len)
     })
     .await
     {
@@ -549,13 +620,15 @@ struct Request {
 fn infer(
     door: &FrontDoor,
     shared: &Shared,
+    seat: Option<Seat>,
     name: &str,
     version: &str,
     body: Bytes,
     header_len: Option<usize>,
 ) -> Result<Response, Status> {
-    // Model and version first, so an unknown one is a 404 whatever the body.
-    let model = find_model(&door.core, name, version)?;
+    // Model and version first, so an unknown one is a 404 (or one the
+    // caller's tenant may not use a 403) whatever the body.
+    let model = find_model(&door.core, seat.as_ref(), name, version)?;
     let served_version = model.version;
     // A body that does not parse is a failure of the model (timed from
     // here while the agent times requests).
@@ -571,11 +644,14 @@ fn infer(
     let outputs = infer_over_core(
         door,
         shared,
+        Caller {
+            seat,
+            sched: req.sched,
+        },
         &model,
         req.tensors,
         req.raw,
         &wanted,
-        req.sched,
     )?;
     let mut binary = Vec::new();
     let mut json_outputs = Vec::with_capacity(outputs.len());
@@ -845,18 +921,25 @@ fn shm_parameters(
 }
 
 /// `GET /v2/systemsharedmemory/status`: every registered region.
-async fn shm_status(State(app): State<App>) -> Response {
-    shm_status_of(&app, None)
+async fn shm_status(State(app): State<App>, headers: HeaderMap) -> Response {
+    shm_status_of(&app, &headers, None)
 }
 
 /// `GET /v2/systemsharedmemory/region/{name}/status`: one region (404 if
 /// unknown).
-async fn shm_region_status(State(app): State<App>, Path(name): Path<String>) -> Response {
-    shm_status_of(&app, Some(&name))
+async fn shm_region_status(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    shm_status_of(&app, &headers, Some(&name))
 }
 
-fn shm_status_of(app: &App, name: Option<&str>) -> Response {
-    match app.door.shm.status(name) {
+/// The regions' status, to any caller the agent accepts (with tenants: a
+/// known token, or none).
+fn shm_status_of(app: &App, headers: &HeaderMap, name: Option<&str>) -> Response {
+    let status = seat_of(app, headers).and_then(|_| app.door.shm.status(name));
+    match status {
         Ok(regions) => {
             let list: Vec<Value> = regions
                 .into_iter()
@@ -877,7 +960,15 @@ fn shm_status_of(app: &App, name: Option<&str>) -> Response {
 
 /// `POST /v2/systemsharedmemory/region/{name}/register` with
 /// `{"key": "/k", "offset": 0, "byte_size": n}` (offset optional).
-async fn shm_register(State(app): State<App>, Path(name): Path<String>, body: Bytes) -> Response {
+async fn shm_register(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(s) = operator(&app, &headers, "register shared-memory regions") {
+        return status_response(&s);
+    }
     let parsed = (|| -> Result<(String, u64, u64), Status> {
         let v: Value = serde_json::from_slice(&body).map_err(|e| {
             bad(format!(
@@ -914,15 +1005,25 @@ async fn shm_register(State(app): State<App>, Path(name): Path<String>, body: By
 
 /// `POST /v2/systemsharedmemory/region/{name}/unregister` (an unknown
 /// name is not an error, as in Triton).
-async fn shm_unregister(State(app): State<App>, Path(name): Path<String>) -> StatusCode {
+async fn shm_unregister(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(s) = operator(&app, &headers, "unregister shared-memory regions") {
+        return status_response(&s);
+    }
     app.door.shm.unregister(&name);
-    StatusCode::OK
+    StatusCode::OK.into_response()
 }
 
 /// `POST /v2/systemsharedmemory/unregister`: every region.
-async fn shm_unregister_all(State(app): State<App>) -> StatusCode {
+async fn shm_unregister_all(State(app): State<App>, headers: HeaderMap) -> Response {
+    if let Err(s) = operator(&app, &headers, "unregister shared-memory regions") {
+        return status_response(&s);
+    }
     app.door.shm.unregister_all();
-    StatusCode::OK
+    StatusCode::OK.into_response()
 }
 
 /// Flattens nested lists of JSON values into `out`.

@@ -20,6 +20,10 @@
 //! receive outputs through them instead of the socket; one registry serves
 //! both doors.
 //!
+//! With a tenants file (`serve --tenants FILE`), every call is seated
+//! among the agent's tenants by its bearer token (`access`): its tenant's
+//! rights decide which models it may list, look up and call.
+//!
 //! Modules: [`proto`] (the messages and the tonic service and client,
 //! generated at build time from `proto/grpc_service.proto` by `protox` and
 //! `tonic-prost-build`, no `protoc` needed; the bench peer in
@@ -40,6 +44,7 @@
 //! `config.pbtxt`) and [`repository`] (the model repository and its
 //! load/unload control).
 
+mod access;
 pub mod datatype;
 mod door;
 mod doors;

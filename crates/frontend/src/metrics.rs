@@ -4,6 +4,12 @@
 //! the metrics-only listener (`serve --metrics-listen http://HOST:PORT`,
 //! as Triton serves its metrics on a port of their own).
 //!
+//! With a tenants file, the `tensorwire_tenant_*` families add each
+//! tenant's counters (`server::tenants::Tenants::snapshot`, label
+//! `tenant`: requests admitted, refused for rights, refused by quotas, in
+//! flight, queued, sessions open, agent CPU seconds); without one they are
+//! not exported.
+//!
 //! Values are read from each model's `server::ModelStats` when scraped, by
 //! a custom collector that walks the registry at every scrape (so models
 //! loaded later appear): the request path never touches this module or the
@@ -41,6 +47,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use server::dispatch::AgentCore;
 use server::queue::QueueStats;
 use server::stats::{DURATION_BOUNDS_NS, DURATION_BUCKETS};
+use server::tenants::TenantSnapshot;
 use server::{StatsSnapshot, Via};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -58,6 +65,7 @@ struct Family {
 const MODEL: &[&str] = &["model", "version"];
 const MODEL_TRANSPORT: &[&str] = &["model", "version", "transport"];
 const MODEL_COPY: &[&str] = &["model", "version", "kind"];
+const TENANT: &[&str] = &["tenant"];
 /// The `kind` values of `tensorwire_batch_copy_bytes_total`, in
 /// [`model_metrics`]' order.
 const COPY_KINDS: [&str; 3] = ["staged", "gathered", "output"];
@@ -203,6 +211,50 @@ const FAMILIES: &[Family] = &[
         MODEL,
     ),
     family(
+        "tensorwire_tenant_requests_total",
+        "Requests of the tenant the agent admitted (every transport and front door)",
+        COUNTER,
+        TENANT,
+    ),
+    family(
+        "tensorwire_tenant_denied_total",
+        "Requests and sessions of the tenant refused for lack of rights (a model it may not use, \
+         an operator action, a token no tenant lists: counted in default)",
+        COUNTER,
+        TENANT,
+    ),
+    family(
+        "tensorwire_tenant_over_quota_total",
+        "Requests and sessions of the tenant refused by one of its quotas (in flight, queued, \
+         request bytes, rate, connections)",
+        COUNTER,
+        TENANT,
+    ),
+    family(
+        "tensorwire_tenant_in_flight",
+        "Requests of the tenant admitted and not yet answered",
+        GAUGE,
+        TENANT,
+    ),
+    family(
+        "tensorwire_tenant_queued",
+        "Requests of the tenant waiting in model queues",
+        GAUGE,
+        TENANT,
+    ),
+    family(
+        "tensorwire_tenant_connections",
+        "Native sessions of the tenant open (front-door calls hold none)",
+        GAUGE,
+        TENANT,
+    ),
+    family(
+        "tensorwire_tenant_cpu_seconds_total",
+        "Agent CPU time spent on the tenant's requests, in seconds",
+        COUNTER,
+        TENANT,
+    ),
+    family(
         "tensorwire_responses_total",
         "Requests the agent answered with a response, all models and transports",
         COUNTER,
@@ -339,6 +391,21 @@ fn model_metrics(i: usize, s: &StatsSnapshot, q: &QueueStats) -> Vec<Metric> {
     }
 }
 
+/// The metric of family `name` for one tenant (none for the families
+/// that are not the tenants').
+fn tenant_metric(name: &str, t: &TenantSnapshot) -> Option<Metric> {
+    Some(match name {
+        "tensorwire_tenant_requests_total" => counter(t.requests as f64),
+        "tensorwire_tenant_denied_total" => counter(t.denied as f64),
+        "tensorwire_tenant_over_quota_total" => counter(t.over_quota as f64),
+        "tensorwire_tenant_in_flight" => gauge(f64::from(t.in_flight)),
+        "tensorwire_tenant_queued" => gauge(f64::from(t.queued)),
+        "tensorwire_tenant_connections" => gauge(f64::from(t.connections)),
+        "tensorwire_tenant_cpu_seconds_total" => counter(t.cpu_ns as f64 / 1e9),
+        _ => return None,
+    })
+}
+
 impl Collector for CoreCollector {
     fn desc(&self) -> Vec<&Desc> {
         self.descs.iter().collect()
@@ -371,6 +438,16 @@ impl Collector for CoreCollector {
                     }
                     m.set_label(labels(&pairs));
                     mf.mut_metric().push(m);
+                }
+            }
+        }
+        if let Some(tenants) = self.core.tenants() {
+            for t in tenants.snapshot() {
+                for (i, mf) in families.iter_mut().enumerate() {
+                    if let Some(mut m) = tenant_metric(FAMILIES[i].name, &t) {
+                        m.set_label(labels(&[("tenant", t.name.as_str())]));
+                        mf.mut_metric().push(m);
+                    }
                 }
             }
         }
@@ -809,6 +886,106 @@ mod tests {
         assert!(
             started > now - 86_400.0 && started <= now + 1.0,
             "{started} vs {now}"
+        );
+    }
+
+    #[test]
+    fn tenants_counters_only_with_tenants() {
+        use server::tenants::{file, Identity, Tenants};
+        // Without tenants: no tenant families.
+        let open = Metrics::new(core())
+            .expect("metrics")
+            .render()
+            .expect("render");
+        assert!(!open.contains("tensorwire_tenant_"), "{open}");
+        let digest: String = server::tenants::digest(b"tok")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let text = format!(
+            "[[tenant]]\nname = \"a\"\ntokens_sha256 = [\"{digest}\"]\nmodels = [\"identity\"]\n\
+             max_in_flight = 1\n"
+        );
+        let tenants = Arc::new(Tenants::from_specs(
+            file::parse(&text, "t.toml").expect("file"),
+        ));
+        let core = Arc::new(
+            AgentCore::new(
+                server::ModelRegistry::with_identity(),
+                wire::Limits::default(),
+                1 << 20,
+            )
+            .with_tenants(Some(tenants.clone())),
+        );
+        let m = Metrics::new(core.clone()).expect("metrics");
+        let before = m.render().expect("render");
+        let a = r#"{tenant="a"}"#;
+        let d = r#"{tenant="default"}"#;
+        assert_eq!(
+            sample(&before, &format!("tensorwire_tenant_requests_total{a}")),
+            0.0
+        );
+        assert_eq!(
+            sample(&before, &format!("tensorwire_tenant_denied_total{d}")),
+            0.0
+        );
+        assert!(before.contains("# TYPE tensorwire_tenant_in_flight gauge"));
+        assert!(before.contains("# TYPE tensorwire_tenant_cpu_seconds_total counter"));
+        // One admitted request held in flight, one over the quota, one
+        // refused model, one unknown token (counted in default).
+        let model = core.registry.find("identity").expect("identity");
+        let seat = tenants
+            .request_seat(&Identity::REMOTE, Some(b"tok"))
+            .expect("seat");
+        let ticket = seat.admit(&model, 0).expect("admitted");
+        assert!(seat.admit(&model, 0).is_err(), "max_in_flight 1");
+        assert!(crate::access::check_model(Some(&seat), "other").is_err());
+        assert!(tenants
+            .request_seat(&Identity::REMOTE, Some(b"bad"))
+            .is_err());
+        ticket
+            .tenant
+            .usage
+            .cpu_ns
+            .fetch_add(1_500_000_000, Ordering::Relaxed);
+        let during = m.render().expect("render");
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_requests_total{a}")),
+            1.0
+        );
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_in_flight{a}")),
+            1.0
+        );
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_over_quota_total{a}")),
+            1.0
+        );
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_denied_total{a}")),
+            1.0
+        );
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_denied_total{d}")),
+            1.0
+        );
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_cpu_seconds_total{a}")),
+            1.5
+        );
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_queued{a}")),
+            0.0
+        );
+        assert_eq!(
+            sample(&during, &format!("tensorwire_tenant_connections{a}")),
+            0.0
+        );
+        drop(ticket);
+        let after = m.render().expect("render");
+        assert_eq!(
+            sample(&after, &format!("tensorwire_tenant_in_flight{a}")),
+            0.0
         );
     }
 

@@ -13,6 +13,7 @@ use crate::proto::repository_index_response::ModelIndex;
 use crate::proto::{ModelConfig, ModelRepositoryParameter};
 use crate::repository::{Repository, RepositoryError};
 use crate::service::find_model;
+use server::tenants::Seat;
 use std::collections::HashMap;
 use tonic::Status;
 
@@ -35,11 +36,17 @@ fn repository(door: &FrontDoor) -> Result<&Repository, Status> {
     })
 }
 
-/// The repository's models (only the ready ones with `ready_only`).
-pub(crate) fn index(door: &FrontDoor, ready_only: bool) -> Result<Vec<ModelIndex>, Status> {
+/// The repository's models (only the ready ones with `ready_only`; only
+/// those the caller's tenant may use, when it has a seat).
+pub(crate) fn index(
+    door: &FrontDoor,
+    seat: Option<&Seat>,
+    ready_only: bool,
+) -> Result<Vec<ModelIndex>, Status> {
     let entries = repository(door)?.index().map_err(|e| status_of(&e))?;
     Ok(entries
         .into_iter()
+        .filter(|e| crate::access::may_see(seat, &e.name))
         .filter(|e| !ready_only || e.state == Some(crate::repository::ModelState::Ready))
         .map(|e| ModelIndex {
             name: e.name,
@@ -91,8 +98,14 @@ pub(crate) fn refuse_parameters<'a>(
     }
 }
 
-/// The configuration of `name` at `version`.
-pub(crate) fn config(door: &FrontDoor, name: &str, version: &str) -> Result<ModelConfig, Status> {
-    let model = find_model(&door.core, name, version)?;
+/// The configuration of `name` at `version` (PERMISSION_DENIED when the
+/// caller's tenant may not use it).
+pub(crate) fn config(
+    door: &FrontDoor,
+    seat: Option<&Seat>,
+    name: &str,
+    version: &str,
+) -> Result<ModelConfig, Status> {
+    let model = find_model(&door.core, seat, name, version)?;
     Ok(door.model_config(&model))
 }

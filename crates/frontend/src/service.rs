@@ -20,6 +20,7 @@
 //! and answered with its name, datatype, shape and those parameters, with
 //! an empty entry in `raw_output_contents`.
 
+use crate::access::{self, check_model, check_operator, grpc_authorization};
 use crate::datatype::{dtype_from_kserve, kserve_datatype};
 use crate::door::{run_request, FrontDoor};
 use crate::inputs::{gather, order_by_signature, Input};
@@ -46,8 +47,8 @@ use crate::statistics::{model_statistics, Refusal};
 use crate::sysshm::{shm_ref, ShmOutput, ShmRef, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
 use bytes::Bytes;
 use engine::{OutputData, TensorView};
-use server::dispatch::{AgentCore, Prepared, Reply};
-use server::tenants::Identity;
+use server::dispatch::{AgentCore, Grant, Prepared, Reply};
+use server::tenants::Seat;
 use server::{ModelEntry, Via};
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -135,23 +136,37 @@ impl KServeService {
         self.shared.ready(&self.door)
     }
 
-    /// The model `name` at `version` ("" or the served one), or NOT_FOUND.
-    fn model(&self, name: &str, version: &str) -> Result<Arc<ModelEntry>, Status> {
-        find_model(&self.door.core, name, version)
+    /// The seat of the caller of `request` (see [`crate::access`]); none,
+    /// without reading the metadata, when the agent has no tenants.
+    fn seat<T>(&self, request: &Request<T>) -> Result<Option<Seat>, Status> {
+        if self.door.core.tenants().is_none() {
+            return Ok(None);
+        }
+        access::seat(&self.door.core, grpc_authorization(request.metadata()))
     }
 }
 
 /// The model `name` at `version` (empty: whichever version is served), or
-/// NOT_FOUND naming what is served.
+/// NOT_FOUND naming what is served; PERMISSION_DENIED first when the
+/// caller's tenant may not use `name` (whether or not it is served), and
+/// the served models named are only those the tenant may use.
 pub(crate) fn find_model(
     core: &AgentCore,
+    seat: Option<&Seat>,
     name: &str,
     version: &str,
 ) -> Result<Arc<ModelEntry>, Status> {
+    check_model(seat, name)?;
     let m = core.registry.find(name).ok_or_else(|| {
+        let served: Vec<String> = core
+            .registry
+            .names()
+            .into_iter()
+            .filter(|n| access::may_see(seat, n))
+            .collect();
         Status::not_found(format!(
             "unknown model '{name}' (served: {})",
-            core.registry.names().join(", ")
+            served.join(", ")
         ))
     })?;
     if !version.is_empty() && version != m.version.to_string() {
@@ -185,13 +200,17 @@ impl GrpcInferenceService for KServeService {
 
     /// Ready when the model exists at that version and the agent is not
     /// shutting down; an unknown model or version is not ready (as Triton
-    /// answers), not an error.
+    /// answers), not an error. A model the caller's tenant may not use is
+    /// PERMISSION_DENIED.
     async fn model_ready(
         &self,
         request: Request<ModelReadyRequest>,
     ) -> Result<Response<ModelReadyResponse>, Status> {
+        let seat = self.seat(&request)?;
         let req = request.into_inner();
-        let ready = self.ready() && self.model(&req.name, &req.version).is_ok();
+        check_model(seat.as_ref(), &req.name)?;
+        let ready = self.ready()
+            && find_model(&self.door.core, seat.as_ref(), &req.name, &req.version).is_ok();
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 
@@ -210,8 +229,9 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<ModelMetadataRequest>,
     ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let seat = self.seat(&request)?;
         let req = request.into_inner();
-        let model = self.model(&req.name, &req.version)?;
+        let model = find_model(&self.door.core, seat.as_ref(), &req.name, &req.version)?;
         let sig = model.signature();
         Ok(Response::new(ModelMetadataResponse {
             name: sig.name.clone(),
@@ -228,8 +248,9 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<ModelStatisticsRequest>,
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let seat = self.seat(&request)?;
         let req = request.into_inner();
-        model_statistics(&self.door.core, &req.name, &req.version).map(Response::new)
+        model_statistics(&self.door.core, seat.as_ref(), &req.name, &req.version).map(Response::new)
     }
 
     /// Triton's model configuration extension.
@@ -237,8 +258,9 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<ModelConfigRequest>,
     ) -> Result<Response<ModelConfigResponse>, Status> {
+        let seat = self.seat(&request)?;
         let req = request.into_inner();
-        let config = model_control::config(&self.door, &req.name, &req.version)?;
+        let config = model_control::config(&self.door, seat.as_ref(), &req.name, &req.version)?;
         Ok(Response::new(ModelConfigResponse {
             config: Some(config),
         }))
@@ -248,8 +270,9 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<RepositoryIndexRequest>,
     ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let seat = self.seat(&request)?;
         let req = request.into_inner();
-        let models = model_control::index(&self.door, req.ready)?;
+        let models = model_control::index(&self.door, seat.as_ref(), req.ready)?;
         Ok(Response::new(RepositoryIndexResponse { models }))
     }
 
@@ -258,6 +281,7 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<RepositoryModelLoadRequest>,
     ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        check_operator(self.seat(&request)?.as_ref(), "load models")?;
         let req = request.into_inner();
         let door = self.door.clone();
         tokio::task::spawn_blocking(move || {
@@ -272,6 +296,7 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        check_operator(self.seat(&request)?.as_ref(), "unload models")?;
         let req = request.into_inner();
         let door = self.door.clone();
         // On a blocking-pool thread: unload waits for a load in progress.
@@ -288,11 +313,12 @@ impl GrpcInferenceService for KServeService {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let _call = InFlight::enter(&self.shared);
+        let seat = self.seat(&request)?;
         let door = self.door.clone();
         let shared = self.shared.clone();
         let req = request.into_inner();
         let inline = runs_inline(&door, &req);
-        let answer = run_request(inline, move || infer(&door, &shared, req))
+        let answer = run_request(inline, move || infer(&door, &shared, seat, req))
             .await
             .map_err(Status::internal)?;
         answer.map(Response::new)
@@ -300,11 +326,22 @@ impl GrpcInferenceService for KServeService {
 
     /// Answers each request of the stream in order, one at a time; a
     /// request that fails is answered with its `error_message` and the
-    /// stream goes on (Triton's behaviour).
+    /// stream goes on (Triton's behaviour). The stream's token (its
+    /// metadata) is checked when it opens, and each request is seated
+    /// with it (so a reload of the tenants file applies to the next one).
     async fn model_stream_infer(
         &self,
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<InferStream>, Status> {
+        let token = match self.door.core.tenants() {
+            None => None,
+            Some(_) => {
+                let token = access::token(&self.door.core, grpc_authorization(request.metadata()))?;
+                // An unknown token refuses the stream at once.
+                drop(access::seat_for_token(&self.door.core, token.as_deref())?);
+                token
+            }
+        };
         let mut requests = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let door = self.door.clone();
@@ -322,7 +359,12 @@ impl GrpcInferenceService for KServeService {
                 let _call = InFlight::enter(&shared);
                 let (d, s) = (door.clone(), shared.clone());
                 let inline = runs_inline(&d, &req);
-                let answer = match run_request(inline, move || infer(&d, &s, req)).await {
+                let token = token.clone();
+                let run = move || {
+                    let seat = access::seat_for_token(&d.core, token.as_deref())?;
+                    infer(&d, &s, seat, req)
+                };
+                let answer = match run_request(inline, run).await {
                     Ok(Ok(r)) => ModelStreamInferResponse {
                         error_message: String::new(),
                         infer_response: Some(r),
@@ -351,6 +393,7 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        self.seat(&request)?;
         let name = request.into_inner().name;
         let regions = self
             .door
@@ -377,6 +420,10 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        check_operator(
+            self.seat(&request)?.as_ref(),
+            "register shared-memory regions",
+        )?;
         let r = request.into_inner();
         self.door
             .shm
@@ -389,6 +436,10 @@ impl GrpcInferenceService for KServeService {
         &self,
         request: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        check_operator(
+            self.seat(&request)?.as_ref(),
+            "unregister shared-memory regions",
+        )?;
         let name = request.into_inner().name;
         if name.is_empty() {
             self.door.shm.unregister_all();
@@ -421,8 +472,6 @@ pub(crate) fn metadata(t: &TensorSpec) -> TensorMetadata {
     }
 }
 
-/// One `ModelInfer`, start to finish, on the calling thread (a tokio worker
-/// or a blocking-pool thread: see [`run_request`]).
 /// Whether `req` may run on the tokio worker ([`FrontDoor::runs_inline`]):
 /// its bytes (raw contents, plus typed contents at 8 bytes an element)
 /// and whether any tensor names a shared-memory region.
@@ -454,23 +503,32 @@ fn runs_inline(door: &FrontDoor, req: &ModelInferRequest) -> bool {
     door.runs_inline(&req.model_name, raw.saturating_add(typed), shm)
 }
 
+/// One `ModelInfer`, start to finish, on the calling thread (a tokio worker
+/// or a blocking-pool thread: see [`run_request`]), for the caller in
+/// `seat` (none without tenants).
 fn infer(
     door: &FrontDoor,
     shared: &Shared,
+    seat: Option<Seat>,
     mut req: ModelInferRequest,
 ) -> Result<ModelInferResponse, Status> {
+    let model = find_model(
+        &door.core,
+        seat.as_ref(),
+        &req.model_name,
+        &req.model_version,
+    )?;
     let wanted = requested(&req.outputs)?;
-    let model = find_model(&door.core, &req.model_name, &req.model_version)?;
     let version = model.version.to_string();
     let sched = Scheduling::of_grpc(&req.parameters)?;
     let outputs = infer_over_core(
         door,
         shared,
+        Caller { seat, sched },
         &model,
         std::mem::take(&mut req.inputs),
         std::mem::take(&mut req.raw_input_contents),
         &wanted,
-        sched,
     )?;
     let (tensors, raw) = outputs
         .into_iter()
@@ -565,6 +623,15 @@ pub(crate) struct Output {
     pub shm: Option<Placed>,
 }
 
+/// Who sends a front-door inference, and what it asks of the model's
+/// queue.
+pub(crate) struct Caller {
+    /// Its seat among the tenants (none without a tenants file).
+    pub seat: Option<Seat>,
+    /// Its priority and queue timeout.
+    pub sched: Scheduling,
+}
+
 /// The shared path of both front doors, for `model` (the caller looked it
 /// up, by name and version, so an unknown one is refused first): checks and
 /// gathers the inputs (`tensors` with `raw` bytes for all or none of those
@@ -576,17 +643,20 @@ pub(crate) struct Output {
 /// it asks: by the engine itself when it can write into caller buffers and
 /// the output sizes are known before the run (ONNX Runtime), else copied
 /// there once from the engine's output (counted in the core's
-/// `shm_output_bytes_in_place` / `_copied`). Runs on the calling thread
-/// (see [`run_request`] for which one).
+/// `shm_output_bytes_in_place` / `_copied`). The `caller`'s seat goes to
+/// the core with the request, which checks its tenant's rights and quotas
+/// and counts it. Runs on the calling thread (see [`run_request`] for
+/// which one).
 pub(crate) fn infer_over_core(
     door: &FrontDoor,
     shared: &Shared,
+    caller: Caller,
     model: &ModelEntry,
     tensors: Vec<InferInputTensor>,
     raw: Vec<Bytes>,
     wanted: &[Requested],
-    sched: Scheduling,
 ) -> Result<Vec<Output>, Status> {
+    let Caller { seat, sched } = caller;
     let core = &*door.core;
     // Arrival, for the model's statistics (front-door clients cannot ask
     // for the timeline; it stamps when the agent times requests). From
@@ -674,13 +744,12 @@ pub(crate) fn infer_over_core(
     }
 
     refusal.passed();
-    // The caller's tenant: a front-door caller presents no token yet, so
-    // with a tenants file it holds the `default` tenant's rights.
-    let grant = core
-        .grant(&Identity::REMOTE, None, &core.limits)
-        .map_err(|(status, msg)| {
-            error_status(&core.fail(Reply::error(h.request_id, status, &msg)))
-        })?;
+    // The caller's tenant (its seat, from the call's bearer token; none
+    // without a tenants file): the core checks its rights and quotas.
+    let grant = Grant {
+        limits: core.limits,
+        seat,
+    };
     let prep = core
         .prepare_via(shared.via, &h, &desc, &grant, placement, &tl)
         .map_err(|r| error_status(&r))?;

@@ -12,14 +12,17 @@ use crate::service::find_model;
 use serde_json::{json, Value};
 use server::dispatch::AgentCore;
 use server::stats::CountNs;
+use server::tenants::Seat;
 use server::{ModelEntry, ModelStats, Via};
 use tonic::Status;
 
 /// The statistics of model `name` at `version` ("" or the served one), or
 /// of every model when `name` is empty; NOT_FOUND for an unknown model or
-/// version.
+/// version. With a `seat` (the agent has tenants): only the models its
+/// tenant may use, and PERMISSION_DENIED for a model it may not.
 pub(crate) fn model_statistics(
     core: &AgentCore,
+    seat: Option<&Seat>,
     name: &str,
     version: &str,
 ) -> Result<ModelStatisticsResponse, Status> {
@@ -27,10 +30,13 @@ pub(crate) fn model_statistics(
         core.registry
             .models()
             .iter()
+            .filter(|m| crate::access::may_see(seat, &m.signature().name))
             .map(|m| statistics_of(m))
             .collect()
     } else {
-        vec![statistics_of(find_model(core, name, version)?.as_ref())]
+        vec![statistics_of(
+            find_model(core, seat, name, version)?.as_ref(),
+        )]
     };
     Ok(ModelStatisticsResponse { model_stats })
 }
@@ -153,9 +159,9 @@ mod tests {
         m.stats.arrived(Via::Grpc);
         m.stats
             .record_success(&Timeline::from_stamps([100, 100, 150, 150, 350, 400]), true);
-        let all = model_statistics(&core, "", "").expect("all");
+        let all = model_statistics(&core, None, "", "").expect("all");
         assert_eq!(all.model_stats.len(), 1);
-        let one = model_statistics(&core, "identity", "1").expect("one");
+        let one = model_statistics(&core, None, "identity", "1").expect("one");
         let s = &one.model_stats[0];
         assert_eq!((s.name.as_str(), s.version.as_str()), ("identity", "1"));
         assert_eq!((s.inference_count, s.execution_count), (1, 1));
@@ -163,13 +169,13 @@ mod tests {
         assert_eq!(i.success.map(|d| (d.count, d.ns)), Some((1, 300)));
         assert_eq!(i.compute_infer.map(|d| (d.count, d.ns)), Some((1, 200)));
         assert_eq!(
-            model_statistics(&core, "nope", "")
+            model_statistics(&core, None, "nope", "")
                 .expect_err("unknown")
                 .code(),
             tonic::Code::NotFound
         );
         assert_eq!(
-            model_statistics(&core, "identity", "2")
+            model_statistics(&core, None, "identity", "2")
                 .expect_err("unknown version")
                 .code(),
             tonic::Code::NotFound
