@@ -23,7 +23,7 @@ use crate::conns::{Phase, Slot};
 use crate::dispatch::{AgentCore, Grant, Reply};
 use crate::reactor::{Step, Task};
 use crate::stats::Via;
-use crate::tenants::Identity;
+use crate::tenants::{CpuMeter, Identity};
 use engine::TensorView;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
@@ -68,8 +68,9 @@ impl SocketSession {
         }
     }
 
-    /// Serves messages until none is ready (`Park`) or the connection ends.
-    fn serve(&mut self) -> Step {
+    /// Serves messages until none is ready (`Park`) or the connection ends;
+    /// a tenant's session charges its tenant the turn's CPU time (`meter`).
+    fn serve(&mut self, meter: &mut Option<CpuMeter>) -> Step {
         // One count per turn on a worker, not per request: `self` must stay
         // free to borrow mutably below.
         let core = self.core.clone();
@@ -95,6 +96,9 @@ impl SocketSession {
                 // The first message: it must be a Hello.
                 match core.hello(&h, &desc, &self.who) {
                     Ok((grant, ack)) if send(&self.conn, &ack, &[]) => {
+                        if grant.seat.is_some() && meter.is_none() {
+                            *meter = Some(CpuMeter::start());
+                        }
                         self.grant = Some(grant);
                         self.slot.set(Phase::Busy);
                         continue;
@@ -107,6 +111,9 @@ impl SocketSession {
                 }
             };
             let ok = if h.kind == Kind::Request {
+                if let (Some(m), Some(seat)) = (meter.as_mut(), &grant.seat) {
+                    m.tick(seat);
+                }
                 self.request(&h, &desc, &grant)
             } else {
                 // A Response sent the wrong way is the only other kind that
@@ -165,7 +172,17 @@ impl Task for SocketSession {
         if self.grant.is_some() && !self.stalled {
             self.slot.set(Phase::Busy);
         }
-        let step = self.serve();
+        let mut meter = self
+            .grant
+            .as_ref()
+            .and_then(|g| g.seat.as_ref())
+            .map(|_| CpuMeter::start());
+        let step = self.serve(&mut meter);
+        if let (Some(mut m), Some(seat)) =
+            (meter, self.grant.as_ref().and_then(|g| g.seat.as_ref()))
+        {
+            m.charge(seat);
+        }
         if step == Step::Park && self.grant.is_some() {
             // Sockets answer in order: parked means nothing in flight,
             // unless part of the next message came and the rest did not

@@ -70,7 +70,7 @@ use crate::dispatch::{AgentCore, Counters, Grant, Prepared, Reply};
 use crate::reactor::{Step, Task};
 use crate::region::{Blocks, OutputRegion};
 use crate::stats::Via;
-use crate::tenants::Identity;
+use crate::tenants::{CpuMeter, Identity};
 use engine::{OutputData, TensorView};
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -255,11 +255,13 @@ impl ShmSession {
         self.serve()
     }
 
-    /// Serves the rings until the session parks or ends.
+    /// Serves the rings until the session parks or ends; a tenant's
+    /// session charges its tenant the turn's CPU time.
     fn serve(&mut self) -> Step {
         let State::Serving(st) = &mut self.state else {
             return Step::Done;
         };
+        let mut meter = st.grant.seat.as_ref().map(|_| CpuMeter::start());
         if st.parked {
             if st.ch.unpark().is_err() {
                 st.ch.close();
@@ -304,6 +306,9 @@ impl ShmSession {
             let (h, desc) = match got {
                 Ok(Some(m)) => m,
                 Ok(None) if !s.core.is_closing() => {
+                    if let (Some(m), Some(seat)) = (meter.as_mut(), &s.grant.seat) {
+                        m.charge(seat);
+                    }
                     st.parked = true;
                     return Step::Park;
                 }
@@ -319,7 +324,12 @@ impl ShmSession {
                 Err(_) => break,
             };
             let ok = match h.kind {
-                Kind::Request => s.request(&h, &desc),
+                Kind::Request => {
+                    if let (Some(m), Some(seat)) = (meter.as_mut(), &s.grant.seat) {
+                        m.tick(seat);
+                    }
+                    s.request(&h, &desc)
+                }
                 Kind::Release => s.release(&h, &desc),
                 _ => {
                     let r = s.core.control(&h, &desc, s.grant);
@@ -329,6 +339,9 @@ impl ShmSession {
             if !ok || self.handle.closed.load(Ordering::Relaxed) {
                 break;
             }
+        }
+        if let (Some(m), Some(seat)) = (meter.as_mut(), &s.grant.seat) {
+            m.charge(seat);
         }
         s.ch.close();
         Step::Done
