@@ -479,3 +479,120 @@ fn another_user_s_process_is_matched_by_its_uid_and_kept_out_by_the_socket_mode(
     assert!(!ok, "{out}");
     assert!(out.to_lowercase().contains("permission denied"), "{out}");
 }
+
+/// Burns `cpu` of its thread's CPU time per run (not wall time: a
+/// throttled thread takes longer).
+struct Burn {
+    sig: ModelSignature,
+    cpu: Duration,
+}
+
+impl Backend for Burn {
+    fn signature(&self) -> &ModelSignature {
+        &self.sig
+    }
+    fn check_inputs(&self, _: &[(DType, &[u64])]) -> Result<(), EngineError> {
+        Ok(())
+    }
+    fn run(&self, _: &[TensorView<'_>]) -> Result<Vec<Output>, EngineError> {
+        let until = server::tenants::thread_cpu_ns() + self.cpu.as_nanos() as u64;
+        let mut x = 1u64;
+        while server::tenants::thread_cpu_ns() < until {
+            for _ in 0..1000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+        }
+        assert!(x != 0);
+        Ok(Vec::new())
+    }
+}
+
+#[test]
+fn a_tenant_s_requests_run_in_its_cpu_cgroup_and_are_charged_to_it() {
+    let parent = Path::new("/sys/fs/cgroup/cpu");
+    let dir = parent.join(format!("tw-test-{}", std::process::id()));
+    if std::fs::create_dir(&dir).is_err() {
+        eprintln!("skipped: cannot create a cgroup under {}", parent.display());
+        return;
+    }
+    struct Rmdir(std::path::PathBuf);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _cleanup = Rmdir(dir.clone());
+    // 10 % of one CPU.
+    std::fs::write(dir.join("cpu.cfs_period_us"), "100000").expect("period");
+    std::fs::write(dir.join("cpu.cfs_quota_us"), "10000").expect("quota");
+    let tenants_dir = tempfile::tempdir().expect("tmp");
+    let path = tenants_dir.path().join("tenants.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[tenant]]\nname = \"capped\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"*\"]\n\
+             cpu_cgroup = \"{}\"\n",
+            hex("c"),
+            dir.display()
+        ),
+    )
+    .expect("write");
+    let mut registry = ModelRegistry::with_identity();
+    registry.add(
+        Arc::new(Burn {
+            sig: ModelSignature {
+                name: "burn".into(),
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+            },
+            cpu: Duration::from_millis(40),
+        }),
+        1,
+    );
+    let agent = TestAgent::start_with(
+        AgentConfig {
+            tenants: Some(path),
+            ..AgentConfig::default()
+        },
+        Some(registry),
+    );
+    let c = with_token(&agent.unix, Some("c")).expect("connect");
+    c.model("burn")
+        .expect("burn")
+        .infer(&[])
+        .expect("the request runs");
+    // 40 ms of CPU at 10 % of a CPU: the cgroup throttled the worker.
+    let stat = std::fs::read_to_string(dir.join("cpu.stat")).expect("cpu.stat");
+    let throttled: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("nr_throttled");
+    assert!(throttled > 0, "{stat}");
+    // The worker went home once its turn ended.
+    common::wait_until(Duration::from_secs(5), "the cgroup is empty again", || {
+        std::fs::read_to_string(dir.join("tasks")).is_ok_and(|t| t.trim().is_empty())
+    });
+    let snap = agent.agent().core().tenants().expect("tenants").snapshot();
+    let capped = snap.iter().find(|t| t.name == "capped").expect("capped");
+    assert!(
+        capped.cpu_ns >= 35_000_000,
+        "the 40 ms were charged to it: {capped:?}"
+    );
+}
+
+#[test]
+fn a_cpu_cgroup_that_is_not_one_refuses_the_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tenants = write_tenants(
+        dir.path(),
+        &format!(
+            "[[tenant]]\nname = \"a\"\nmodels = [\"*\"]\ncpu_cgroup = \"{}\"\n",
+            dir.path().display()
+        ),
+    );
+    let sock = format!("unix://{}/s.sock", dir.path().display());
+    let (status, _, err) = run_bin(&["serve", "--listen", &sock, "--tenants", &tenants], LIMIT);
+    assert!(!status.success());
+    assert!(err.contains("not a cgroup directory"), "{err}");
+}

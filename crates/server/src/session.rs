@@ -96,8 +96,8 @@ impl SocketSession {
                 // The first message: it must be a Hello.
                 match core.hello(&h, &desc, &self.who) {
                     Ok((grant, ack)) if send(&self.conn, &ack, &[]) => {
-                        if grant.seat.is_some() && meter.is_none() {
-                            *meter = Some(CpuMeter::start());
+                        if let (Some(seat), None) = (&grant.seat, &meter) {
+                            *meter = Some(CpuMeter::start(seat));
                         }
                         self.grant = Some(grant);
                         self.slot.set(Phase::Busy);
@@ -176,7 +176,7 @@ impl Task for SocketSession {
             .grant
             .as_ref()
             .and_then(|g| g.seat.as_ref())
-            .map(|_| CpuMeter::start());
+            .map(CpuMeter::start);
         let step = self.serve(&mut meter);
         if let (Some(mut m), Some(seat)) =
             (meter, self.grant.as_ref().and_then(|g| g.seat.as_ref()))

@@ -261,7 +261,7 @@ impl ShmSession {
         let State::Serving(st) = &mut self.state else {
             return Step::Done;
         };
-        let mut meter = st.grant.seat.as_ref().map(|_| CpuMeter::start());
+        let mut meter = st.grant.seat.as_ref().map(CpuMeter::start);
         if st.parked {
             if st.ch.unpark().is_err() {
                 st.ch.close();
@@ -306,8 +306,8 @@ impl ShmSession {
             let (h, desc) = match got {
                 Ok(Some(m)) => m,
                 Ok(None) if !s.core.is_closing() => {
-                    if let (Some(m), Some(seat)) = (meter.as_mut(), &s.grant.seat) {
-                        m.charge(seat);
+                    if let (Some(m), Some(seat)) = (meter.take(), &s.grant.seat) {
+                        m.finish(seat);
                     }
                     st.parked = true;
                     return Step::Park;
@@ -340,8 +340,8 @@ impl ShmSession {
                 break;
             }
         }
-        if let (Some(m), Some(seat)) = (meter.as_mut(), &s.grant.seat) {
-            m.charge(seat);
+        if let (Some(m), Some(seat)) = (meter.take(), &s.grant.seat) {
+            m.finish(seat);
         }
         s.ch.close();
         Step::Done

@@ -17,6 +17,7 @@
 //! max_connections = 16              # sessions open at once
 //! priority = 2                      # best priority level it may ask
 //! weight = 1                        # its share of a busy model's queue
+//! cpu_cgroup = "/sys/fs/cgroup/cpu/tw/analytics"  # its requests' agent work runs here
 //! ```
 //!
 //! A tenant named `default` (no tokens, uids or gids) holds the rights of
@@ -25,7 +26,7 @@
 
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// The name of the tenant unknown identities get.
@@ -68,6 +69,9 @@ pub struct TenantSpec {
     pub quotas: Quotas,
     /// Its share of a busy model's queue against other tenants (1..=10 000).
     pub weight: u32,
+    /// The CPU cgroup its sessions' worker threads run in while serving it
+    /// (an absolute path; see [`super::cgroup`]).
+    pub cpu_cgroup: Option<PathBuf>,
 }
 
 /// The models a tenant may list and call.
@@ -147,6 +151,7 @@ struct TenantToml {
     max_connections: Option<u32>,
     priority: Option<u8>,
     weight: Option<u32>,
+    cpu_cgroup: Option<PathBuf>,
 }
 
 /// Reads and checks the tenants file at `path`.
@@ -300,6 +305,12 @@ fn check(t: TenantToml) -> Result<TenantSpec, String> {
     if t.priority == Some(0) {
         return Err(format!("{who}: priority levels start at 1 (the highest)"));
     }
+    if let Some(c) = t.cpu_cgroup.as_ref().filter(|c| !c.is_absolute()) {
+        return Err(format!(
+            "{who}: cpu_cgroup '{}' must be an absolute path (a cgroup directory)",
+            c.display()
+        ));
+    }
     let weight = t.weight.unwrap_or(1);
     if weight == 0 || weight > MAX_WEIGHT {
         return Err(format!(
@@ -322,6 +333,7 @@ fn check(t: TenantToml) -> Result<TenantSpec, String> {
             priority: t.priority,
         },
         weight,
+        cpu_cgroup: t.cpu_cgroup,
     })
 }
 
@@ -456,6 +468,7 @@ models = ["*"]
         );
         bad(&format!("{one}burst = 3\n"), "needs requests_per_second", 1);
         bad(&format!("{one}priority = 0\n"), "priority", 1);
+        bad(&format!("{one}cpu_cgroup = \"tw/a\"\n"), "absolute", 1);
         bad("[[tenant]]\nname = 3\n", "invalid type", 2);
         bad("[tenant\n", "", 1);
     }

@@ -24,9 +24,15 @@
 //! rate (GCRA: one compare-and-swap), request and arena bytes (narrowed
 //! into the session's limits at its Hello).
 //!
+//! The agent's work for a tenant is the tenant's (resource amplification):
+//! a [`CpuMeter`] charges the CPU time of each session turn to its tenant
+//! and, for a tenant with a `cpu_cgroup`, runs the turn in that cgroup
+//! ([`cgroup`]).
+//!
 //! In-process callers (`inproc://`, the embedding program's own code) are
 //! the agent's owner and hold no seat.
 
+pub mod cgroup;
 pub mod file;
 
 use crate::registry::ModelEntry;
@@ -38,7 +44,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use transport::Credentials;
 use wire::{monotonic_ns, Limits, Status};
 
@@ -95,9 +101,33 @@ pub struct Tenant {
     pub weight: u32,
     /// What it holds now, and its counters (kept across reloads).
     pub usage: Arc<Usage>,
+    /// Its CPU cgroup's directory, if it has one.
+    pub cpu_cgroup: Option<PathBuf>,
+    /// That cgroup, opened on first use (`None` when it cannot be: logged
+    /// once; `load` and `reload` refuse such a file up front).
+    cgroup: OnceLock<Option<cgroup::CpuCgroup>>,
 }
 
 impl Tenant {
+    /// Its CPU cgroup, opened on first use.
+    fn cgroup(&self) -> Option<&cgroup::CpuCgroup> {
+        let dir = self.cpu_cgroup.as_ref()?;
+        self.cgroup
+            .get_or_init(|| match cgroup::CpuCgroup::open(dir) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    eprintln!(
+                        "tensorwire agent: tenant '{}': cpu_cgroup {}: {e} (its work runs in \
+                         the agent's cgroup)",
+                        self.name,
+                        dir.display()
+                    );
+                    None
+                }
+            })
+            .as_ref()
+    }
+
     /// Whether it may list and call the model named `name`.
     pub fn may_use(&self, name: &str) -> bool {
         self.models.contains(name)
@@ -194,9 +224,11 @@ pub struct Reloaded {
 }
 
 impl Tenants {
-    /// Reads and checks the tenants file at `path`.
+    /// Reads and checks the tenants file at `path` (its cgroups included:
+    /// each must be a cgroup the agent can move threads into and out of).
     pub fn load(path: &Path) -> Result<Tenants, TenantsError> {
         let specs = file::read(path)?;
+        check_cgroups(&specs, path)?;
         let t = Tenants::from_specs(specs);
         Ok(Tenants {
             path: Some(path.to_path_buf()),
@@ -228,6 +260,7 @@ impl Tenants {
             });
         };
         let specs = file::read(path)?;
+        check_cgroups(&specs, path)?;
         Ok(self.replace(specs))
     }
 
@@ -372,6 +405,29 @@ impl Tenants {
     }
 }
 
+/// Checks that every tenant's `cpu_cgroup` can take threads, and that
+/// they can come back to the agent's own cgroup.
+fn check_cgroups(specs: &[TenantSpec], path: &Path) -> Result<(), TenantsError> {
+    let fail = |message: String| TenantsError {
+        path: path.display().to_string(),
+        line: None,
+        message,
+    };
+    for s in specs {
+        if let Some(dir) = &s.cpu_cgroup {
+            cgroup::CpuCgroup::open(dir).map_err(|e| {
+                fail(format!(
+                    "tenant '{}': cpu_cgroup {}: {e}",
+                    s.name,
+                    dir.display()
+                ))
+            })?;
+            cgroup::home().map_err(|e| fail(format!("tenant '{}': {e}", s.name)))?;
+        }
+    }
+    Ok(())
+}
+
 /// SHA-256 of a token.
 pub fn digest(token: &[u8]) -> [u8; 32] {
     Sha256::digest(token).into()
@@ -397,6 +453,8 @@ fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> 
             quotas: Quotas::default(),
             weight: 1,
             usage: usage_of(DEFAULT_TENANT),
+            cpu_cgroup: None,
+            cgroup: OnceLock::new(),
         }),
     };
     for s in specs {
@@ -412,6 +470,8 @@ fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> 
             models: s.models,
             quotas: s.quotas,
             weight: s.weight,
+            cpu_cgroup: s.cpu_cgroup,
+            cgroup: OnceLock::new(),
         });
         if &*t.name == DEFAULT_TENANT {
             table.default = t.clone();
@@ -543,25 +603,35 @@ impl Seat {
 
 /// Charges the CPU time of the worker thread running a session's turn to
 /// the session's tenant (resource amplification: the agent's work on a
-/// tenant's behalf is the tenant's). The thread's CPU clock is a system
-/// call here (~1.2 µs on the VMs measured, not in the vDSO), so it is read
-/// at the start and end of a turn and every [`CpuMeter::EVERY`] requests
-/// within it, never per request.
+/// tenant's behalf is the tenant's), and runs the turn in the tenant's CPU
+/// cgroup when it has one. The thread's CPU clock is a system call here
+/// (~1.2 µs on the VMs measured, not in the vDSO), so it is read at the
+/// start and end of a turn and every [`CpuMeter::EVERY`] requests within
+/// it, never per request.
 #[derive(Debug)]
 pub struct CpuMeter {
     since: u64,
     requests: u32,
+    /// The thread was moved into its tenant's cgroup: move it home at the end.
+    placed: bool,
 }
 
 impl CpuMeter {
     /// Requests between two reads of the clock within one turn.
     pub const EVERY: u32 = 256;
 
-    /// Starts metering this thread.
-    pub fn start() -> CpuMeter {
+    /// Starts metering this thread for `seat`'s tenant (and moves it into
+    /// the tenant's cgroup, if it has one).
+    pub fn start(seat: &Seat) -> CpuMeter {
+        let placed = seat
+            .tenant()
+            .ok()
+            .and_then(|t| Some(t.cgroup()?.enter().is_ok()))
+            .unwrap_or(false);
         CpuMeter {
             since: thread_cpu_ns(),
             requests: 0,
+            placed,
         }
     }
 
@@ -581,6 +651,24 @@ impl CpuMeter {
         self.since = now;
         if let Ok(t) = seat.tenant() {
             t.usage.cpu_ns.fetch_add(spent, Ordering::Relaxed);
+        }
+    }
+
+    /// The turn is over: charges `seat` (and the drop moves the thread back
+    /// to the agent's own cgroup).
+    pub fn finish(mut self, seat: &Seat) {
+        self.charge(seat);
+    }
+}
+
+impl Drop for CpuMeter {
+    /// Moves the thread back to the agent's own cgroup, however the turn
+    /// ended (a turn that returns early or panics included).
+    fn drop(&mut self) {
+        if self.placed {
+            if let Err(e) = cgroup::home().and_then(|h| h.enter().map_err(|e| e.to_string())) {
+                eprintln!("tensorwire agent: a worker could not go back to its cgroup: {e}");
+            }
         }
     }
 }
@@ -740,7 +828,7 @@ mod tests {
     fn the_cpu_meter_charges_the_thread_s_work_to_the_tenant() {
         let t = tenants("[[tenant]]\nname = \"a\"\nuids = [1]\n");
         let seat = t.seat(&creds(1, 1), None).unwrap();
-        let mut m = CpuMeter::start();
+        let mut m = CpuMeter::start(&seat);
         // ~20 ms of work on this thread.
         let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
         let mut x = 0u64;
@@ -753,7 +841,7 @@ mod tests {
         }
         let charged = seat.tenant().unwrap().usage.cpu_ns.load(Ordering::Relaxed);
         assert!(charged >= 15_000_000, "{charged} ns");
-        m.charge(&seat);
+        m.finish(&seat);
         assert!(seat.tenant().unwrap().usage.cpu_ns.load(Ordering::Relaxed) >= charged);
     }
 
