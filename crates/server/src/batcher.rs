@@ -41,6 +41,7 @@
 
 use crate::queue::{Ask, ModelQueue, Refused, Turn};
 use crate::registry::ModelEntry;
+use crate::tenants::Tenant;
 use engine::{EngineError, Output, OutputData, TensorView};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -425,10 +426,25 @@ impl Batcher {
 /// Runs a request on `model` through its queue and, when the model batches
 /// and is busy, in a batch with others; stamps the queue and compute
 /// stages on `tl`. Outputs are the request's own (as [`engine::Backend::run`]
-/// gives them: owned, or aliasing `inputs`).
+/// gives them: owned, or aliasing `inputs`). A request of a tenant:
+/// [`run_for`].
 pub fn run(
     model: &ModelEntry,
     ask: Ask,
+    tl: &mut Timeline,
+    inputs: &[TensorView<'_>],
+) -> RunResult {
+    run_for(model, ask, None, tl, inputs)
+}
+
+/// [`run`] for a request of `tenant` (`None`: no tenant): if it waits, it
+/// waits at its tenant's fair start and counts in its `queued`
+/// ([`ModelQueue::run_for`]); fair starts decide who leads a batch and who
+/// joins it.
+pub fn run_for(
+    model: &ModelEntry,
+    ask: Ask,
+    tenant: Option<&Tenant>,
     tl: &mut Timeline,
     inputs: &[TensorView<'_>],
 ) -> RunResult {
@@ -439,18 +455,19 @@ pub fn run(
     let rows = match b.rows_of(inputs) {
         Some(rows) if !b.runs_alone(queue, inputs) => rows,
         // Not stackable, or idle: nobody to batch with; run in place.
-        _ => return queue.run(ask, tl, alone),
+        _ => return queue.run_for(ask, tenant, tl, alone),
     };
-    // Refused at once (full, a level the model lacks): before any copy.
-    queue.check_admissible(ask)?;
+    // Refused at once (full, a level the model lacks, the tenant at its
+    // max_queued): before any copy.
+    queue.check_admissible(ask, tenant)?;
     let queued_at = Instant::now();
     let Some(me) = b.stage(model, inputs, rows) else {
         // No room in a tensor queue: wait on its own bytes, run alone.
-        return queue.run(ask, tl, alone);
+        return queue.run_for(ask, tenant, tl, alone);
     };
     let me = std::sync::Arc::new(me);
     tl.stamp(Stage::Queued);
-    match queue.wait_as_member(ask, &me)? {
+    match queue.wait_as_member(ask, tenant, &me)? {
         Turn::Taken => {
             let o = me.wait_outcome();
             tl.set(Stage::ComputeStart, o.start.max(o.formed));
@@ -734,6 +751,8 @@ mod tests {
     struct Affine {
         sig: ModelSignature,
         runs: StdMutex<Vec<u64>>,
+        /// The first value of each row, run by run.
+        firsts: StdMutex<Vec<Vec<f32>>>,
         hold: StdMutex<Option<std::sync::mpsc::Receiver<()>>>,
     }
 
@@ -752,6 +771,7 @@ mod tests {
                     outputs: vec![spec("y")],
                 },
                 runs: StdMutex::new(Vec::new()),
+                firsts: StdMutex::new(Vec::new()),
                 hold: StdMutex::new(Some(rx)),
             };
             (Arc::new(a), tx)
@@ -773,6 +793,13 @@ mod tests {
             }
             let x = &inputs[0];
             self.runs.lock().expect("runs").push(x.shape[0]);
+            let row = x.data.len() / x.shape[0].max(1) as usize;
+            self.firsts.lock().expect("firsts").push(
+                x.data
+                    .chunks(row.max(4))
+                    .map(|r| f32::from_le_bytes([r[0], r[1], r[2], r[3]]))
+                    .collect(),
+            );
             let mut out = AlignedBuf::zeroed(x.data.len()).expect("buf");
             for (o, i) in out
                 .as_mut_slice()
@@ -825,13 +852,23 @@ mod tests {
 
     /// Runs `x` (rows × cols f32) on `model` from a new thread.
     fn call(model: &Arc<ModelEntry>, x: Vec<f32>, cols: u64) -> std::thread::JoinHandle<Answer> {
+        call_as(model, x, cols, None)
+    }
+
+    /// [`call`] for a request of `tenant`.
+    fn call_as(
+        model: &Arc<ModelEntry>,
+        x: Vec<f32>,
+        cols: u64,
+        tenant: Option<Arc<crate::tenants::Tenant>>,
+    ) -> std::thread::JoinHandle<Answer> {
         let model = model.clone();
         std::thread::spawn(move || {
             let bytes = f32s(&x);
             let shape = [x.len() as u64 / cols, cols];
             let view = [TensorView::new(DType::F32, &shape, &bytes)];
             let mut tl = Timeline::default();
-            match run(&model, Ask::default(), &mut tl, &view) {
+            match run_for(&model, Ask::default(), tenant.as_deref(), &mut tl, &view) {
                 Ok(Ok(Ok(outs))) => {
                     let o = &outs[0];
                     Ok((o.shape.clone(), o.bytes(&view).to_vec()))
@@ -880,6 +917,58 @@ mod tests {
 
     fn expect(x: &[f32]) -> Vec<u8> {
         f32s(&x.iter().map(|v| 2.0 * v + 1.0).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn a_tenants_request_joins_the_first_batch_behind_a_flood() {
+        let t = crate::tenants::Tenants::from_specs(
+            crate::tenants::file::parse(
+                "[[tenant]]\nname = \"a\"\nuids = [1]\n[[tenant]]\nname = \"b\"\nuids = [2]\n",
+                "t.toml",
+            )
+            .expect("tenants"),
+        );
+        let tenant = |uid| {
+            let who = crate::tenants::Identity {
+                creds: Some(transport::Credentials {
+                    pid: 1,
+                    uid,
+                    gid: uid,
+                }),
+                ..crate::tenants::Identity::REMOTE
+            };
+            t.resolve(&who, None).expect("tenant")
+        };
+        let (a, b) = (tenant(1), tenant(2));
+        let (affine, tx) = Affine::new(None);
+        let model = entry(affine.clone(), batching(2), 1 << 20);
+        let first = call(&model, vec![0.0, 0.0], 2);
+        wait_queue(&model, |s| s.running == 1);
+        let mut waiting = Vec::new();
+        for i in 0..4 {
+            waiting.push(call_as(
+                &model,
+                vec![10.0 + i as f32, 0.0],
+                2,
+                Some(a.clone()),
+            ));
+            wait_queue(&model, |s| s.waiting == i + 1);
+        }
+        waiting.push(call_as(&model, vec![99.0, 0.0], 2, Some(b.clone())));
+        wait_queue(&model, |s| s.waiting == 5);
+        let queued = |t: &crate::tenants::Tenant| t.usage.queued.load(Ordering::SeqCst);
+        assert_eq!((queued(&a), queued(&b)), (4, 1));
+        tx.send(()).expect("release");
+        assert!(first.join().expect("first").is_ok());
+        for w in waiting {
+            assert!(w.join().expect("waiter").is_ok());
+        }
+        // a's first leads and takes b's (their fair starts are equal);
+        // then a's second and third, then a's fourth alone.
+        assert_eq!(affine.runs(), vec![1, 2, 2, 1]);
+        let firsts = affine.firsts.lock().expect("firsts").clone();
+        assert_eq!(firsts[1], vec![10.0, 99.0], "{firsts:?}");
+        assert_eq!((queued(&a), queued(&b)), (0, 0));
     }
 
     #[test]

@@ -678,7 +678,8 @@ impl AgentCore {
         inputs: &[TensorView<'_>],
         tl: &mut Timeline,
     ) -> Result<Vec<Output>, Reply> {
-        let result = crate::batcher::run(&p.model, p.ask, tl, inputs);
+        let tenant = p.tenant().map(|t| &**t);
+        let result = crate::batcher::run_for(&p.model, p.ask, tenant, tl, inputs);
         self.engine_result(p, result)
     }
 
@@ -700,7 +701,8 @@ impl AgentCore {
             return self.copy_into(p, &produced, inputs, outputs);
         }
         let backend = &p.model.backend;
-        let result = p.model.queue.run(p.ask, tl, || {
+        let tenant = p.tenant().map(|t| &**t);
+        let result = p.model.queue.run_for(p.ask, tenant, tl, || {
             std::panic::catch_unwind(AssertUnwindSafe(|| backend.run_into(inputs, outputs)))
         });
         self.engine_result(p, result)
@@ -750,7 +752,9 @@ impl AgentCore {
             Ok(r) => r,
             Err(refused) => {
                 let status = match refused {
-                    Refused::Overloaded { .. } => Status::Overloaded,
+                    Refused::Overloaded { .. } | Refused::TenantQueueFull { .. } => {
+                        Status::Overloaded
+                    }
                     Refused::Timeout { .. } => Status::Timeout,
                     Refused::BadPriority { .. } => Status::InvalidInput,
                 };

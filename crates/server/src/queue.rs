@@ -8,27 +8,81 @@
 //! here, and the time they wait is the timeline's queue stage.
 //!
 //! Who goes next is decided by the [`QueuePolicy`]: each waiter's *turn*
-//! is its arrival time plus `(level - 1) × aging` (level 1 is the highest),
+//! is its *start* plus `(level - 1) × aging` (level 1 is the highest),
 //! and the waiter with the earliest turn goes first (between equal turns,
-//! the one that came first). So a higher level is served first, and no
-//! request starves: a request of level `p` is ahead of every request that
-//! arrives more than `(p - 1) × aging` after it. The turn is fixed when the
-//! request arrives, so the order of two waiters never changes while they
-//! wait (an order that moved with the clock could leave two waiters each
-//! deferring to the other with the model free). A request may wait at most
-//! its timeout (its own, capped by the policy's default when there is one);
+//! the one that came first). A request without a tenant starts when it
+//! arrives; a tenant's request starts at its *fair start* (below). So a
+//! higher level is served first, and no request starves: a request of
+//! level `p` is ahead of every request whose start is more than
+//! `(p - 1) × aging` after its own. The turn is fixed when the request
+//! arrives, so the order of two waiters never changes while they wait (an
+//! order that moved with the clock could leave two waiters each deferring
+//! to the other with the model free). A request may wait at most its
+//! timeout (its own, capped by the policy's default when there is one);
 //! then it leaves the queue answered [`Refused::Timeout`], never computed.
 //! With `max_queue` requests already waiting, one more is refused at once
 //! ([`Refused::Overloaded`]).
+//!
+//! ## Fairness between tenants
+//!
+//! A request that carries a tenant ([`crate::tenants::Tenant`], from the
+//! agent's tenants file) and must wait gets its fair start from the
+//! queue's *virtual clock* (start-time fair queuing, SFQ):
+//!
+//! ```text
+//! v      = max(V, last_T)                 its fair start
+//! last_T = v + s × W / weight_T           where T's next request may start
+//! V      = the largest fair start admitted so far (never behind
+//!          now - aging; moved up to now when no tenant's request waits)
+//! ```
+//!
+//! `s` is the queue's own estimate of the time between two admissions
+//! while requests wait (a moving average taken on the waiting path only;
+//! 1 ms before the first), and `W` the sum of the weights of the tenants
+//! with requests waiting here (T's included). So `s × W / weight_T` is how
+//! far apart T's requests would start if the model were shared by weight
+//! among the tenants that want it now, and the virtual clock moves at
+//! about the speed of real time: fair starts, aging and the arrival times
+//! of requests without a tenant stay comparable.
+//!
+//! **The bound.** A tenant whose requests are not over its share (its
+//! `last_T` is not ahead of `V`) starts at `V`. Every waiter of its level
+//! has a fair start of at least `V` (they are admitted in that order), and
+//! a tenant's fair starts are strictly increasing, so ahead of it are at
+//! most one request of each other tenant (the one starting exactly at `V`,
+//! if any), the requests without a tenant that arrived before it, and the
+//! runs in progress: one tenant flooding the model pushes another's wait
+//! up by at most one service time, however many requests it has queued.
+//! Between backlogged tenants, admissions follow their weights (3:1 for
+//! weights 3 and 1). What the bound assumes: `V` within one `aging` of
+//! real time (the floor `now - aging` keeps aging and requests without a
+//! tenant from waiting behind a virtual clock that fell far behind; with
+//! `s` about right `V` tracks real time), and a level: a higher level goes
+//! first as before, and a level-`p` request is ahead of every request whose
+//! fair start is more than `(p - 1) × aging` after its own (a tenant over
+//! its share waits its share out first). Requests without a tenant (no
+//! tenants file, in-process callers) keep `start = arrival`: with no
+//! tenants the order is exactly what it was.
+//!
+//! The per-tenant state (`last_T`, its waiting requests) lives in the
+//! queue's locked state, touched only on the waiting path; a tenant with
+//! nothing waiting whose `last_T` is behind `V` is dropped (it would start
+//! at `V` anyway). A tenant's `max_queued` bounds its requests waiting in
+//! all model queues (its usage's `queued`, counted from joining a line to
+//! leaving it: admitted, taken into a batch, timed out): one more is
+//! refused at once ([`Refused::TenantQueueFull`]). The uncontended path
+//! (one compare-and-swap) looks at no tenant.
 //!
 //! Dynamic batching uses the same line (see [`crate::batcher`]): a
 //! request that may share a run waits as a [`Member`]; when its turn comes
 //! it *leads*: holding the run, it takes the compatible members waiting
 //! behind it (in turn order, up to the batch's limit, waiting up to the
 //! model's queue delay for more) along into one run. A member taken along
-//! leaves the line at once; its leader answers it.
+//! leaves the line at once; its leader answers it. Fair starts decide the
+//! order there too: who leads and who joins.
 
 use crate::batcher::{BatchPolicy, Member};
+use crate::tenants::{Tenant, Usage};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +93,15 @@ const RUNNING_ONE: u64 = 1;
 /// One request waiting, in [`ModelQueue::word`].
 const WAITING_ONE: u64 = 1 << 32;
 const RUNNING_MASK: u64 = WAITING_ONE - 1;
+
+/// The time between admissions the fair clock assumes before it has
+/// measured one.
+const DEFAULT_INTERVAL: Duration = Duration::from_millis(1);
+/// Bounds of one measured interval between admissions (per request).
+const MIN_INTERVAL_NS: u64 = 100;
+const MAX_INTERVAL_NS: u64 = 10_000_000_000;
+/// The longest gap the fair clock puts between two requests of a tenant.
+const MAX_STEP: Duration = Duration::from_secs(86_400);
 
 /// How a model's queue orders and bounds the requests that wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +184,7 @@ impl Ask {
 }
 
 /// Why the queue did not run a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refused {
     /// `max_queue` requests were waiting already.
     Overloaded {
@@ -139,6 +202,14 @@ pub enum Refused {
         asked: u8,
         /// The model's levels.
         levels: u8,
+    },
+    /// The request's tenant has `max_queued` requests waiting in model
+    /// queues already (over all models).
+    TenantQueueFull {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// Its limit.
+        max_queued: u32,
     },
 }
 
@@ -158,6 +229,11 @@ impl std::fmt::Display for Refused {
                 f,
                 "priority {asked} is not one of the model's levels (1 = highest ..= {levels}; \
                  0 = the model's default)"
+            ),
+            Refused::TenantQueueFull { tenant, max_queued } => write!(
+                f,
+                "tenant '{tenant}' has its max_queued ({max_queued}) requests waiting in model \
+                 queues already; retry later"
             ),
         }
     }
@@ -201,6 +277,148 @@ struct State {
     /// Leaders waiting out their queue delay for more members (each new
     /// waiter wakes them).
     gathering: usize,
+    /// The tenants' fair clock.
+    fair: Fair,
+}
+
+impl State {
+    /// Takes waiter `seq` out of the line (`served`: admitted, or taken
+    /// into a batch), with its tenant's accounting.
+    fn remove(&mut self, seq: u64, served: bool) {
+        self.waiters.retain(|w| w.seq != seq);
+        self.fair.left(seq, served);
+        if self.waiters.is_empty() {
+            self.fair.last_grant = None;
+        }
+    }
+}
+
+/// The virtual clock of the tenants' requests (see the module doc).
+#[derive(Debug, Default)]
+struct Fair {
+    /// `V`: the largest fair start admitted (`None` until the first
+    /// tenant's request waits).
+    clock: Option<Instant>,
+    /// Tenants with requests waiting here, or whose `last_T` is ahead of
+    /// the clock.
+    tenants: Vec<TenantClock>,
+    /// `W`: the sum of the weights of the tenants with requests waiting.
+    active_weight: u64,
+    /// `s`: ns between two admissions while requests wait, per request
+    /// (a moving average; 0 before the first measure).
+    interval_ns: u64,
+    /// When the line last gave a run while others still waited, and how
+    /// many requests that run served (its leader and the members taken).
+    last_grant: Option<(Instant, u32)>,
+}
+
+/// One tenant's place on a queue's fair clock.
+#[derive(Debug)]
+struct TenantClock {
+    /// The tenant's usage: who it is (kept across reloads of the tenants
+    /// file), and its `queued` count.
+    usage: Arc<Usage>,
+    /// Its weight (as its latest request had it).
+    weight: u32,
+    /// `last_T`: the earliest fair start of its next request.
+    next: Instant,
+    /// Its requests waiting here: (seq, fair start).
+    waiting: Vec<(u64, Instant)>,
+}
+
+impl Fair {
+    /// The fair start of request `seq` of `tenant` arriving `now` (it
+    /// joins the line), and `last_T` moved on.
+    fn join(&mut self, tenant: &Tenant, seq: u64, now: Instant, aging: Duration) -> Instant {
+        let floor = if self.active_weight == 0 {
+            // No tenant's request waits here: the clock starts again from
+            // now (a busy period begins).
+            Some(now)
+        } else {
+            now.checked_sub(aging)
+        };
+        let clock = match (self.clock, floor) {
+            (Some(c), Some(f)) => c.max(f),
+            (c, f) => c.or(f).unwrap_or(now),
+        };
+        self.clock = Some(clock);
+        // Nothing waiting and no longer ahead of the clock: it would start
+        // at the clock anyway.
+        self.tenants
+            .retain(|t| !t.waiting.is_empty() || t.next > clock);
+        let i = match self
+            .tenants
+            .iter()
+            .position(|t| Arc::ptr_eq(&t.usage, &tenant.usage))
+        {
+            Some(i) => i,
+            None => {
+                self.tenants.push(TenantClock {
+                    usage: tenant.usage.clone(),
+                    weight: tenant.weight,
+                    next: clock,
+                    waiting: Vec::new(),
+                });
+                self.tenants.len() - 1
+            }
+        };
+        let weight = tenant.weight.max(1);
+        let t = &mut self.tenants[i];
+        if t.waiting.is_empty() {
+            self.active_weight += u64::from(weight);
+        } else {
+            // Its weight changed with a reload of the tenants file.
+            self.active_weight =
+                self.active_weight.saturating_sub(u64::from(t.weight)) + u64::from(weight);
+        }
+        t.weight = weight;
+        let start = t.next.max(clock);
+        let s = match self.interval_ns {
+            0 => DEFAULT_INTERVAL.as_nanos(),
+            ns => u128::from(ns),
+        };
+        let step_ns = s * u128::from(self.active_weight) / u128::from(weight);
+        let step = Duration::from_nanos(u64::try_from(step_ns).unwrap_or(u64::MAX)).min(MAX_STEP);
+        t.next = start.checked_add(step).unwrap_or(start);
+        t.waiting.push((seq, start));
+        start
+    }
+
+    /// Request `seq` left the line (`served`: admitted or taken into a
+    /// batch, and then the clock moves up to its fair start). Nothing for
+    /// a request without a tenant.
+    fn left(&mut self, seq: u64, served: bool) {
+        for t in &mut self.tenants {
+            let Some(i) = t.waiting.iter().position(|&(s, _)| s == seq) else {
+                continue;
+            };
+            let (_, start) = t.waiting.swap_remove(i);
+            t.usage.queued.fetch_sub(1, Ordering::AcqRel);
+            if t.waiting.is_empty() {
+                self.active_weight = self.active_weight.saturating_sub(u64::from(t.weight));
+            }
+            if served {
+                self.clock = Some(self.clock.map_or(start, |c| c.max(start)));
+            }
+            return;
+        }
+    }
+
+    /// The line gave a run at `now`; `others_wait`: requests still wait
+    /// after it (then the time to the next one measures the model).
+    fn granted(&mut self, now: Instant, others_wait: bool) {
+        if let Some((then, served)) = self.last_grant {
+            let ns = u64::try_from(now.saturating_duration_since(then).as_nanos())
+                .unwrap_or(u64::MAX)
+                / u64::from(served.max(1));
+            let ns = ns.clamp(MIN_INTERVAL_NS, MAX_INTERVAL_NS);
+            self.interval_ns = match self.interval_ns {
+                0 => ns,
+                old => old - old / 8 + ns / 8,
+            };
+        }
+        self.last_grant = others_wait.then_some((now, 1));
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -284,10 +502,25 @@ impl ModelQueue {
     /// compare-and-swap) gets its `Queued` time as `ComputeStart` too,
     /// rather than a second clock read (~30 ns) for a wait of a few ns.
     /// A request refused (full queue, timeout, unknown priority) never runs
-    /// `f`.
+    /// `f`. A request of a tenant: [`run_for`](Self::run_for).
     pub fn run<R>(
         &self,
         ask: Ask,
+        timeline: &mut Timeline,
+        f: impl FnOnce() -> R,
+    ) -> Result<R, Refused> {
+        self.run_for(ask, None, timeline, f)
+    }
+
+    /// [`run`](Self::run) for a request of `tenant` (`None`: no tenant):
+    /// if it must wait, it waits at its fair start and counts in the
+    /// tenant's `queued` (refused at once at its `max_queued`; see the
+    /// module doc). Admitted at once, it costs what [`run`](Self::run)
+    /// costs: the tenant is not looked at.
+    pub fn run_for<R>(
+        &self,
+        ask: Ask,
+        tenant: Option<&Tenant>,
         timeline: &mut Timeline,
         f: impl FnOnce() -> R,
     ) -> Result<R, Refused> {
@@ -301,7 +534,7 @@ impl ModelQueue {
         timeline.stamp(Stage::Queued);
         let waited = !self.try_admit_at_once();
         if waited {
-            self.admit_in_turn(ask, None)?;
+            self.admit_in_turn(ask, tenant, None)?;
         }
         // Released on every exit, including a panic inside `f`.
         let _slot = RunSlot(self);
@@ -320,10 +553,11 @@ impl ModelQueue {
     /// [`take_followers`](Self::take_followers)) or [`Turn::Taken`] once a
     /// leader took it along (its outcome then arrives in the member). A
     /// request that finds the model free and nobody waiting leads at once.
-    /// The caller stamped `Queued`.
+    /// The caller stamped `Queued`. `tenant`: as in [`run_for`](Self::run_for).
     pub(crate) fn wait_as_member(
         &self,
         ask: Ask,
+        tenant: Option<&Tenant>,
         member: &Arc<Member>,
     ) -> Result<Turn<'_>, Refused> {
         let levels = self.policy.priority_levels;
@@ -333,7 +567,7 @@ impl ModelQueue {
                 levels,
             });
         }
-        if self.try_admit_at_once() || self.admit_in_turn(ask, Some(member))? {
+        if self.try_admit_at_once() || self.admit_in_turn(ask, tenant, Some(member))? {
             Ok(Turn::Lead(RunSlot(self)))
         } else {
             Ok(Turn::Taken)
@@ -383,6 +617,7 @@ impl ModelQueue {
             return Vec::new();
         }
         let mut taken = Vec::with_capacity(chosen.len());
+        let mut taken_seqs = Vec::with_capacity(chosen.len());
         s.waiters.retain(|w| {
             let take = chosen.iter().any(|&(seq, _)| seq == w.seq);
             if take {
@@ -392,10 +627,21 @@ impl ModelQueue {
                     // wake-up in all.
                     m.mark_taken();
                     taken.push(m.clone());
+                    taken_seqs.push(w.seq);
                 }
             }
             !take
         });
+        for seq in taken_seqs {
+            s.fair.left(seq, true);
+        }
+        // The run that took them served them too (for the interval
+        // between admissions).
+        if s.waiters.is_empty() {
+            s.fair.last_grant = None;
+        } else if let Some((_, served)) = &mut s.fair.last_grant {
+            *served = served.saturating_add(u32::try_from(taken.len()).unwrap_or(u32::MAX));
+        }
         self.word
             .fetch_sub(WAITING_ONE * taken.len() as u64, Ordering::Relaxed);
         // Arrival order: the order their inputs were staged in.
@@ -445,11 +691,16 @@ impl ModelQueue {
     }
 
     /// Refuses at once what [`run`](Self::run) would refuse before any
-    /// wait: a priority the model lacks, or a full queue (counted). A
-    /// snapshot: a request that passes may still be refused when it joins
-    /// the line. Callers use it to refuse before they spend work on a
-    /// request (the batcher's staging copy).
-    pub(crate) fn check_admissible(&self, ask: Ask) -> Result<(), Refused> {
+    /// wait: a priority the model lacks, a full queue (counted), or a
+    /// `tenant` at its `max_queued` (counted in its usage). A snapshot: a
+    /// request that passes may still be refused when it joins the line.
+    /// Callers use it to refuse before they spend work on a request (the
+    /// batcher's staging copy).
+    pub(crate) fn check_admissible(
+        &self,
+        ask: Ask,
+        tenant: Option<&Tenant>,
+    ) -> Result<(), Refused> {
         let levels = self.policy.priority_levels;
         if ask.priority > levels {
             return Err(Refused::BadPriority {
@@ -462,7 +713,42 @@ impl ModelQueue {
             self.overloaded.fetch_add(1, Ordering::Relaxed);
             return Err(Refused::Overloaded { max_queue: max });
         }
+        if let Some(t) = tenant {
+            if let Some(m) = t.quotas.max_queued {
+                if t.usage.queued.load(Ordering::Acquire) >= m {
+                    return Err(Self::tenant_full(t, m));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Counts one more request of `tenant` waiting (its usage's `queued`),
+    /// or refuses it at its `max_queued`.
+    fn count_queued(tenant: &Tenant) -> Result<(), Refused> {
+        let queued = &tenant.usage.queued;
+        match tenant.quotas.max_queued {
+            None => {
+                queued.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
+            Some(m) => queued
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < m).then_some(n + 1)
+                })
+                .map(|_| ())
+                .map_err(|_| Self::tenant_full(tenant, m)),
+        }
+    }
+
+    /// The refusal of a request of `tenant` at its `max_queued` (`m`),
+    /// counted in its usage.
+    fn tenant_full(tenant: &Tenant, m: u32) -> Refused {
+        tenant.usage.over_quota.fetch_add(1, Ordering::Relaxed);
+        Refused::TenantQueueFull {
+            tenant: tenant.name.clone(),
+            max_queued: m,
+        }
     }
 
     /// Admits the caller if a run is free and nobody waits.
@@ -479,7 +765,14 @@ impl ModelQueue {
     /// run is free, then takes the run (`Ok(true)`); or, for a `member`,
     /// until a leader takes it along (`Ok(false)`); or leaves the line
     /// refused.
-    fn admit_in_turn(&self, ask: Ask, member: Option<&Arc<Member>>) -> Result<bool, Refused> {
+    /// A request of `tenant` waits at its fair start, counted in the
+    /// tenant's `queued` until it leaves the line.
+    fn admit_in_turn(
+        &self,
+        ask: Ask,
+        tenant: Option<&Tenant>,
+        member: Option<&Arc<Member>>,
+    ) -> Result<bool, Refused> {
         let p = &self.policy;
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if p.max_queue != 0 && s.waiters.len() >= p.max_queue {
@@ -487,6 +780,10 @@ impl ModelQueue {
             return Err(Refused::Overloaded {
                 max_queue: p.max_queue,
             });
+        }
+        if let Some(t) = tenant {
+            // Given back when it leaves the line (`Fair::left`).
+            Self::count_queued(t)?;
         }
         // From here the fast path is closed (the waiting count is not 0).
         self.word.fetch_add(WAITING_ONE, Ordering::Relaxed);
@@ -509,14 +806,19 @@ impl ModelQueue {
         if let Some(m) = member {
             m.set_wake(&wake);
         }
+        let seq = s.next_seq;
+        let start = match tenant {
+            None => arrived,
+            Some(t) => s.fair.join(t, seq, arrived, p.aging),
+        };
         let me = Waiter {
-            seq: s.next_seq,
-            turn: arrived.checked_add(behind).unwrap_or(arrived),
+            seq,
+            turn: start.checked_add(behind).unwrap_or(start),
             deadline: timeout.and_then(|t| arrived.checked_add(t)),
             member: member.cloned(),
             wake: wake.clone(),
         };
-        let (seq, deadline) = (me.seq, me.deadline);
+        let deadline = me.deadline;
         s.next_seq += 1;
         s.waiters.push(me);
         if member.is_some() && s.gathering > 0 {
@@ -524,7 +826,7 @@ impl ModelQueue {
             self.gather.notify_all();
         }
         let mut told_pool = false;
-        loop {
+        let admitted_at = loop {
             if member.is_some_and(|m| m.is_taken()) {
                 // Its leader removed it from the line and the count. A
                 // wake meant for it (a run freed) passes on.
@@ -550,14 +852,14 @@ impl ModelQueue {
                         )
                         .is_ok()
                 {
-                    break;
+                    break now;
                 }
                 if (self.word.load(Ordering::Relaxed) & RUNNING_MASK) < self.concurrency as u64 {
                     continue; // the word changed under us: try again
                 }
             }
             if deadline.is_some_and(|d| now >= d) {
-                s.waiters.retain(|w| w.seq != seq);
+                s.remove(seq, false);
                 self.word.fetch_sub(WAITING_ONE, Ordering::Relaxed);
                 self.timed_out.fetch_add(1, Ordering::Relaxed);
                 // The next waiter may be another one now.
@@ -586,8 +888,10 @@ impl ModelQueue {
                         .0
                 }
             };
-        }
-        s.waiters.retain(|w| w.seq != seq);
+        };
+        s.remove(seq, true);
+        let others_wait = !s.waiters.is_empty();
+        s.fair.granted(admitted_at, others_wait);
         // The next waiter may be admissible too (concurrency > 1).
         self.wake_best(&s);
         Ok(true)
@@ -988,6 +1292,253 @@ mod tests {
         a.join().unwrap().unwrap();
         b.join().unwrap().unwrap();
         assert_eq!(*order.lock().unwrap(), ["a", "b"]);
+    }
+
+    fn tenants(text: &str) -> crate::tenants::Tenants {
+        crate::tenants::Tenants::from_specs(
+            crate::tenants::file::parse(text, "t.toml").expect("tenants file"),
+        )
+    }
+
+    /// The tenant of local uid `uid`.
+    fn tenant_of(t: &crate::tenants::Tenants, uid: u32) -> Arc<Tenant> {
+        let who = crate::tenants::Identity {
+            creds: Some(transport::Credentials {
+                pid: 1,
+                uid,
+                gid: uid,
+            }),
+            ..crate::tenants::Identity::REMOTE
+        };
+        t.resolve(&who, None).expect("a tenant")
+    }
+
+    /// [`waiter`] for a request of `tenant`.
+    fn tenant_waiter(
+        q: &Arc<ModelQueue>,
+        ask: Ask,
+        tenant: &Arc<Tenant>,
+        tag: &'static str,
+        order: &Arc<Mutex<Vec<&'static str>>>,
+    ) -> std::thread::JoinHandle<Result<(), Refused>> {
+        let seen = |s: QueueStats| s.waiting as u64 + s.timed_out;
+        let before = seen(q.stats());
+        let (q2, order, tenant) = (q.clone(), order.clone(), tenant.clone());
+        let h = std::thread::spawn(move || {
+            q2.run_for(ask, Some(&tenant), &mut Timeline::default(), || {
+                order.lock().unwrap().push(tag)
+            })
+        });
+        wait_stats(q, |s| seen(s) == before + 1);
+        h
+    }
+
+    fn queued(t: &Tenant) -> u32 {
+        t.usage.queued.load(Ordering::SeqCst)
+    }
+
+    /// Aging an hour: no waiter ages, and the fair clock's floor (now -
+    /// aging) never moves during a test.
+    fn no_aging() -> QueuePolicy {
+        QueuePolicy {
+            aging: Duration::from_secs(3600),
+            ..QueuePolicy::default()
+        }
+    }
+
+    const TWO: &str =
+        "[[tenant]]\nname = \"a\"\nuids = [1]\n[[tenant]]\nname = \"b\"\nuids = [2]\n";
+
+    #[test]
+    fn a_tenant_flooding_the_model_does_not_push_another_back() {
+        let t = tenants(TWO);
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let (q, tx, holder) = held(no_aging());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut ws: Vec<_> = (0..20)
+            .map(|_| tenant_waiter(&q, Ask::default(), &a, "a", &order))
+            .collect();
+        ws.push(tenant_waiter(&q, Ask::default(), &b, "b", &order));
+        assert_eq!((queued(&a), queued(&b)), (20, 1));
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        let order = order.lock().unwrap();
+        let b_at = order.iter().position(|&x| x == "b").unwrap();
+        // First come first served would put it 21st; its fair start is
+        // the clock's, as A's first request's.
+        assert!(b_at <= 1, "b admitted {}th: {order:?}", b_at + 1);
+        assert_eq!((queued(&a), queued(&b)), (0, 0));
+        // Nobody waits: the fast path is open again.
+        assert!(q.try_admit_at_once());
+    }
+
+    #[test]
+    fn backlogged_tenants_are_admitted_by_weight() {
+        let t = tenants(
+            "[[tenant]]\nname = \"a\"\nuids = [1]\nweight = 3\n\
+             [[tenant]]\nname = \"b\"\nuids = [2]\nweight = 1\n",
+        );
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let (q, tx, holder) = held(no_aging());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut ws = Vec::new();
+        for _ in 0..12 {
+            ws.push(tenant_waiter(&q, Ask::default(), &a, "a", &order));
+        }
+        for _ in 0..12 {
+            ws.push(tenant_waiter(&q, Ask::default(), &b, "b", &order));
+        }
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        let order = order.lock().unwrap();
+        // While both have requests waiting (the first 16 admissions), a
+        // gets three for b's one.
+        let a_first = order[..16].iter().filter(|&&x| x == "a").count();
+        assert!((11..=13).contains(&a_first), "{a_first} of 16: {order:?}");
+        assert_eq!((queued(&a), queued(&b)), (0, 0));
+    }
+
+    #[test]
+    fn priorities_still_come_first_between_tenants() {
+        let t = tenants(TWO);
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let (q, tx, holder) = held(QueuePolicy {
+            priority_levels: 2,
+            default_priority: 2,
+            ..no_aging()
+        });
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let ws = [
+            tenant_waiter(&q, at(2), &b, "b low", &order),
+            tenant_waiter(&q, at(2), &a, "a low", &order),
+            tenant_waiter(&q, at(1), &a, "a high", &order),
+            tenant_waiter(&q, at(1), &a, "a high 2", &order),
+        ];
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["a high", "a high 2", "b low", "a low"]
+        );
+    }
+
+    #[test]
+    fn max_queued_refuses_a_tenants_extra_waiter_over_all_models() {
+        let t = tenants(
+            "[[tenant]]\nname = \"a\"\nuids = [1]\nmax_queued = 2\n\
+             [[tenant]]\nname = \"b\"\nuids = [2]\nmax_queued = 2\n",
+        );
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let (q1, tx1, holder1) = held(no_aging());
+        let (q2, tx2, holder2) = held(no_aging());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let a1 = tenant_waiter(&q1, Ask::default(), &a, "a1", &order);
+        let a2 = tenant_waiter(&q2, Ask::default(), &a, "a2", &order);
+        assert_eq!(queued(&a), 2, "counted over both models");
+        // A third of a's, on either model: refused at once, never run.
+        let refused = Refused::TenantQueueFull {
+            tenant: "a".into(),
+            max_queued: 2,
+        };
+        let r = q1.run_for(Ask::default(), Some(&a), &mut Timeline::default(), || ());
+        assert_eq!(r, Err(refused.clone()));
+        let msg = refused.to_string();
+        assert!(
+            msg.contains("tenant 'a'") && msg.contains("max_queued (2)"),
+            "{msg}"
+        );
+        assert_eq!(q1.check_admissible(Ask::default(), Some(&a)), Err(refused));
+        assert_eq!(a.usage.over_quota.load(Ordering::SeqCst), 2);
+        // Another tenant still gets in line; and a's request that times
+        // out gives its place back.
+        let b1 = tenant_waiter(&q1, Ask::default(), &b, "b1", &order);
+        assert_eq!(q1.check_admissible(Ask::default(), Some(&b)), Ok(()));
+        assert_eq!((queued(&a), queued(&b)), (2, 1));
+        tx1.send(()).unwrap();
+        holder1.join().unwrap();
+        assert_eq!(a1.join().unwrap(), Ok(()));
+        assert_eq!(b1.join().unwrap(), Ok(()));
+        assert_eq!((queued(&a), queued(&b)), (1, 0));
+        let late = Ask {
+            priority: 0,
+            timeout: Some(Duration::from_millis(20)),
+        };
+        let a3 = tenant_waiter(&q2, late, &a, "a3", &order);
+        assert!(matches!(a3.join().unwrap(), Err(Refused::Timeout { .. })));
+        assert_eq!(queued(&a), 1, "the timed-out one left");
+        tx2.send(()).unwrap();
+        holder2.join().unwrap();
+        assert_eq!(a2.join().unwrap(), Ok(()));
+        assert_eq!((queued(&a), queued(&b)), (0, 0));
+        assert_eq!(*order.lock().unwrap(), ["a1", "b1", "a2"]);
+    }
+
+    #[test]
+    fn a_light_tenant_waits_about_one_run_behind_a_closed_loop_flood() {
+        // a keeps 6 requests in line (6 closed-loop callers), b sends one
+        // at a time, each run as long as a's. For each of b's requests,
+        // count the runs of a's admitted between its call and its run:
+        // first come first served gives about 5; the fair clock about 1.
+        // (A clock floored at real time, `v = max(now, last_T)` with steps
+        // of `s / weight`, drifts to first come first served once b has
+        // had its share for a while: about 5 by the end of this run.)
+        let t = tenants(TWO);
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let q = Arc::new(ModelQueue::with_policy(1, no_aging()));
+        let a_runs = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let work = || {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+        };
+        let flood: Vec<_> = (0..6)
+            .map(|_| {
+                let (q, a, a_runs, stop) = (q.clone(), a.clone(), a_runs.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        q.run_for(Ask::default(), Some(&a), &mut Timeline::default(), || {
+                            a_runs.fetch_add(1, Ordering::SeqCst);
+                            work();
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        // Let the flood fill the line.
+        while a_runs.load(Ordering::SeqCst) < 50 {
+            std::thread::yield_now();
+        }
+        let mut ahead = Vec::new();
+        for _ in 0..200 {
+            let before = a_runs.load(Ordering::SeqCst);
+            let at_run = q
+                .run_for(Ask::default(), Some(&b), &mut Timeline::default(), || {
+                    let r = a_runs.load(Ordering::SeqCst);
+                    work();
+                    r
+                })
+                .unwrap();
+            ahead.push(at_run - before);
+        }
+        stop.store(true, Ordering::SeqCst);
+        for f in flood {
+            f.join().unwrap();
+        }
+        let mean = ahead.iter().sum::<usize>() as f64 / ahead.len() as f64;
+        assert!(mean <= 3.0, "a's runs ahead of each of b's: {ahead:?}");
+        assert_eq!((queued(&a), queued(&b)), (0, 0));
     }
 
     #[test]
