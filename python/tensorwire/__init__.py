@@ -327,8 +327,9 @@ class Client:
         timeout: float = 30.0,
         connect_timeout: float = 5.0,
         spin_us: Optional[int] = None,
+        token: Optional[str] = None,
     ) -> None:
-        self._c = _native.Client(uri, timeout, connect_timeout, spin_us)
+        self._c = _native.Client(uri, timeout, connect_timeout, spin_us, token)
 
     def __repr__(self) -> str:
         return f"Client({self.uri!r})"

@@ -74,7 +74,7 @@ def build_mixed_model(path: Path) -> None:
 class ServedAgent:
     """`tensorwire serve` in a child process, listening on shm, unix and tcp."""
 
-    def __init__(self, tmp: Path, models: dict) -> None:
+    def __init__(self, tmp: Path, models: dict, extra_args: list | tuple = ()) -> None:
         tag = uuid.uuid4().hex[:10]
         self.uris = {
             "shm": f"shm://pytest-{tag}",
@@ -86,6 +86,7 @@ class ServedAgent:
             args += ["--listen", uri]
         for name, path in models.items():
             args += ["--model", f"{name}={path}"]
+        args += list(extra_args)
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
         )

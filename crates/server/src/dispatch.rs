@@ -401,8 +401,10 @@ impl AgentCore {
             Kind::Ping => Reply::control(Kind::Pong, h.request_id, 0, Vec::new()),
             Kind::ModelQuery => match decode_model_name(body) {
                 Err(e) => self.fail(Reply::error(h.request_id, e.status(), &e.to_string())),
+                // Rights first: a tenant learns nothing of models it may
+                // not use, not even whether they exist.
                 Ok(name) => match self.registry.find(name) {
-                    Some(_) if grant.seat.as_ref().is_some_and(|s| !s.may_see(name)) => {
+                    _ if grant.seat.as_ref().is_some_and(|s| !s.may_see(name)) => {
                         let seat = grant.seat.as_ref().map(Seat::tenant_name);
                         if let Some(Ok(t)) = grant.seat.as_ref().map(Seat::tenant) {
                             t.usage.denied.fetch_add(1, Ordering::Relaxed);
