@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""What the per-model statistics cost a native request (docs/BENCHMARKS.md,
-"Statistics and metrics").
+"""What a setting of the agent costs a native request: two agents side by
+side, same build, different `serve` arguments (docs/BENCHMARKS.md,
+"Statistics and metrics" and "Tenants").
 
-Two agents side by side, same build: one with request timing on (the
-default: every request's stages are timed for the statistics and the
-Prometheus histograms) and one started with `--no-request-timing` (counts
-only). Each round runs `tensorwire ping` (empty `identity` requests, one
-client) against each agent over shm and unix, in an order rotated by the
-round's number so machine drift cancels. Prints, per transport and
-setting, the p50 (median over rounds [min-max]) and the median p99, and
-the per-round ratio of p50s timing-on / timing-off.
+By default: one with request timing on (the default: every request's
+stages are timed for the statistics and the Prometheus histograms) and
+one started with `--no-request-timing` (counts only). `--agent
+'NAME=ARGS'` twice compares any two settings instead (the first is the
+one measured, the second the baseline). Each round runs `tensorwire ping`
+(empty `identity` requests, one client) against each agent over shm and
+unix, in an order rotated by the round's number so machine drift cancels.
+Prints, per transport and setting, the p50 (median over rounds [min-max])
+and the median p99, and the per-round ratio and difference of p50s
+first / second.
 
   python3 scripts/bench-request-timing.py --bin target/release/tensorwire --rounds 10 -n 20000
+  python3 scripts/bench-request-timing.py --bin target/release/tensorwire --rounds 10 -n 20000 \
+      --agent 'tenants=--tenants /tmp/tenants.toml' --agent 'open='
 """
 
 import argparse
@@ -57,12 +62,22 @@ def main():
     ap.add_argument("--bin", default="target/release/tensorwire")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("-n", type=int, default=20000)
+    ap.add_argument(
+        "--agent",
+        action="append",
+        metavar="NAME=ARGS",
+        help="an agent to compare: its name and its serve arguments (give two)",
+    )
     a = ap.parse_args()
+    specs = a.agent or ["timing on=", "timing off=--no-request-timing"]
+    if len(specs) != 2 or any("=" not in x for x in specs):
+        raise SystemExit("--agent NAME=ARGS: give exactly two")
     tmp = tempfile.mkdtemp(prefix="tw-timing-")
-    agents = {
-        "timing on": start(a.bin, tmp, "on", []),
-        "timing off": start(a.bin, tmp, "off", ["--no-request-timing"]),
-    }
+    agents = {}
+    for i, spec in enumerate(specs):
+        name, args = spec.split("=", 1)
+        agents[name] = start(a.bin, tmp, f"a{i}", args.split())
+    first, second = list(agents)
     rows = [(t, s) for t in ("shm", "unix") for s in agents]
     res = {r: [] for r in rows}
     try:
@@ -75,19 +90,25 @@ def main():
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=20)
     print(f"{a.rounds} rounds x {a.n} empty identity round trips, one client; µs")
-    print("| transport | request timing | p50 (median [min–max]) | p99 (median) | p50 on/off (median [min–max]) |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| transport | agent | p50 (median [min–max]) | p99 (median) "
+        f"| p50 {first} / {second} (median [min–max]) | p50 {first} − {second}, ns (median [min–max]) |"
+    )
+    print("|---|---|---|---|---|---|")
     for t in ("shm", "unix"):
         for s in agents:
             p50 = [x[0] for x in res[(t, s)]]
             p99 = [x[1] for x in res[(t, s)]]
-            ratio = ""
-            if s == "timing on":
-                r = [on / off for (on, _), (off, _) in zip(res[(t, s)], res[(t, "timing off")])]
+            ratio = diff = ""
+            if s == first:
+                pairs = list(zip(res[(t, s)], res[(t, second)]))
+                r = [x / y for (x, _), (y, _) in pairs]
+                d = [(x - y) * 1000 for (x, _), (y, _) in pairs]
                 ratio = f"{statistics.median(r):.3f} [{min(r):.3f}–{max(r):.3f}]"
+                diff = f"{statistics.median(d):.0f} [{min(d):.0f}–{max(d):.0f}]"
             print(
-                f"| {t} | {s.split()[1]} | {statistics.median(p50):.2f} [{min(p50):.2f}–{max(p50):.2f}] "
-                f"| {statistics.median(p99):.2f} | {ratio} |"
+                f"| {t} | {s} | {statistics.median(p50):.2f} [{min(p50):.2f}–{max(p50):.2f}] "
+                f"| {statistics.median(p99):.2f} | {ratio} | {diff} |"
             )
 
 

@@ -10,7 +10,7 @@
 //! instead of stopping at the first, and `--bind` picks the TCP source
 //! address (the identity per-peer limits count TCP peers by).
 
-use super::{connect, CmdError};
+use super::{connect, CmdError, TokenArg};
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -39,6 +39,8 @@ pub struct Args {
     /// TCP only: the local address to connect from (e.g. 127.0.0.2).
     #[arg(long)]
     bind: Option<IpAddr>,
+    #[command(flatten)]
+    token: TokenArg,
 }
 
 /// Something held open.
@@ -70,7 +72,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         let opened = if a.no_hello {
             bare(&ep, a.bind)
         } else {
-            session(&a.connect)
+            session(&a.connect, &a.token)
         };
         match opened {
             Ok(h) => held.push(h),
@@ -104,8 +106,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     Ok(())
 }
 
-fn session(uri: &str) -> Result<Held, CmdError> {
-    let c = connect(uri, &[], Default::default())?;
+fn session(uri: &str, token: &TokenArg) -> Result<Held, CmdError> {
+    let c = connect(uri, &[], token.apply(Default::default()))?;
     c.client.ping()?;
     c.client.model(engine::IdentityBackend::NAME)?.infer(&[])?;
     Ok(Held::Session { _open: Box::new(c) })
