@@ -220,6 +220,86 @@ fn load_suite_quick() {
     }
 }
 
+/// The tenants suite, shortened to one 1.5 s repeat: every scenario on both
+/// transports, the flood refused on the tenants agent and never the light
+/// tenant, B's p99 ratio to its solo p99, the report's tables.
+#[test]
+fn tenants_suite_quick() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_bench(
+        &[
+            "--suite",
+            "tenants",
+            "--quick",
+            "--duration",
+            "1.5",
+            "--repeats",
+            "1",
+        ],
+        dir.path(),
+        Duration::from_secs(180),
+    );
+    let rows = r["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 10, "5 rows per transport: {rows:?}");
+    let count = |row: &Value, key: &str| {
+        row[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} missing or not a count in {row}"))
+    };
+    for transport in ["shm", "unix"] {
+        let find = |scenario: &str, tenant: &str| {
+            rows.iter()
+                .find(|x| {
+                    x["transport"] == transport
+                        && x["scenario"] == scenario
+                        && x["tenant"] == tenant
+                })
+                .unwrap_or_else(|| panic!("no row {transport} {scenario} {tenant}"))
+        };
+        for (scenario, tenant) in [
+            ("b-solo", "light"),
+            ("a+b tenants", "flood"),
+            ("a+b tenants", "light"),
+            ("a+b fifo", "flood"),
+            ("a+b fifo", "light"),
+        ] {
+            let row = find(scenario, tenant);
+            assert_eq!(row["suite"], "tenants");
+            assert!(num(row, "offered_rps") > 0.0, "{row}");
+            assert!(num(row, "completed_rps") > 0.0, "{row}");
+            assert!(num(row, "capacity_rps") > 0.0, "{row}");
+            let (p50, p99) = (num(row, "p50_us"), num(row, "p99_us"));
+            assert!(p50 > 0.0 && p99 >= p50, "{row}");
+            if tenant == "light" {
+                assert_eq!(
+                    count(row, "overloaded"),
+                    0,
+                    "the light tenant refused: {row}"
+                );
+            }
+            if scenario != "b-solo" && tenant == "light" {
+                assert!(num(row, "b_p99_ratio") > 0.0, "{row}");
+            }
+        }
+        let flood = find("a+b tenants", "flood");
+        assert!(
+            num(flood, "offered_rps") > 10.0 * num(find("b-solo", "light"), "offered_rps"),
+            "A offers 2x capacity, B 10 %: {flood}"
+        );
+        assert!(
+            count(flood, "overloaded") > 0,
+            "max_queued refuses the flood: {flood}"
+        );
+        assert_eq!(count(find("a+b fifo", "flood"), "overloaded"), 0);
+    }
+    let report = std::fs::read_to_string(dir.path().join("report.md")).expect("report");
+    assert!(report.contains("tenant isolation"), "{report}");
+    assert!(
+        report.contains("Target *A gets the refusals, not B*"),
+        "{report}"
+    );
+}
+
 /// The agent's KServe front doors as bench targets, beside the tonic peer:
 /// identity (empty and 4 KiB, 1 and 2 clients) and LeNet, and an agent
 /// already running, reached with `--connect grpc://` and `http://`.

@@ -182,8 +182,15 @@ const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 /// (`http://HOST:PORT`): one `GET /v2/models/MODEL/stats` on its own
 /// connection.
 pub fn read_counts(uri: &str, model: &str) -> Result<Counts, BenchError> {
+    let body = http_get(uri, &format!("/v2/models/{model}/stats"))?;
+    parse_counts(&body, model)
+}
+
+/// The body of `GET PATH` at `uri` (`http://HOST:PORT`), on its own
+/// connection, answered with status 200 within a few seconds.
+pub fn http_get(uri: &str, path: &str) -> Result<String, BenchError> {
     let err = |what: &str, e: &dyn std::fmt::Display| {
-        BenchError::new(format!("{uri} statistics: {what}: {e}"))
+        BenchError::new(format!("{uri}{path}: {what}: {e}"))
     };
     let host = uri
         .strip_prefix("http://")
@@ -195,13 +202,12 @@ pub fn read_counts(uri: &str, model: &str) -> Result<Counts, BenchError> {
         .map_err(|e| err("timeout", &e))?;
     write!(
         s,
-        "GET /v2/models/{model}/stats HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| err("send", &e))?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(|e| err("read", &e))?;
-    let body = http_body(&raw).map_err(|e| err("answer", &e))?;
-    parse_counts(&body, model)
+    http_body(&raw).map_err(|e| err("answer", &e))
 }
 
 /// The body of a whole HTTP/1.1 answer with status 200 (plain, or

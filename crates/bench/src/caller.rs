@@ -21,10 +21,26 @@ impl fmt::Display for BenchError {
 
 impl std::error::Error for BenchError {}
 
+/// How the message of a refusal ([`BenchError::refusal`]) begins.
+const REFUSAL: &str = "refused at once: ";
+
 impl BenchError {
     /// An error with this message.
     pub fn new(msg: impl Into<String>) -> BenchError {
         BenchError(msg.into())
+    }
+
+    /// A request the target refused at once without running it (the
+    /// agent's `Overloaded` or `TooManyInFlight`): the load generators
+    /// count these apart from other failures
+    /// ([`crate::load::LoadResult::refused`]).
+    pub fn refusal(msg: impl std::fmt::Display) -> BenchError {
+        BenchError(format!("{REFUSAL}{msg}"))
+    }
+
+    /// Whether this is a [`BenchError::refusal`].
+    pub fn is_refusal(&self) -> bool {
+        self.0.starts_with(REFUSAL)
     }
 }
 

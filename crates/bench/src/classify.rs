@@ -196,5 +196,6 @@ fn to_row(suite: &str, name: &str, remote: bool, reps: &[RunReport], noises: &[f
         noise_cpu_pct: noise,
         note,
         batching: None,
+        tenants: None,
     }
 }

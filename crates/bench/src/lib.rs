@@ -22,6 +22,9 @@
 //! - [`results`]: the rows a run produces and `results.json` / `results.csv`;
 //! - [`batching`]: the `batching` suite's settings, the agent's statistics
 //!   (mean batch) and the engine's offline throughput on pre-formed batches;
+//! - [`tenants`]: the `tenants` suite (one tenant's flood beside another
+//!   tenant's light load, with and without a tenants file), which runs its
+//!   own two concurrent open loops rather than a [`suite::Plan`];
 //! - [`report`], [`plot`], [`console`]: `report.md`, the SVG/PNG figures, and
 //!   what is printed while running.
 //!
@@ -49,6 +52,7 @@ pub mod schedule;
 pub mod stats;
 pub mod suite;
 pub mod target;
+pub mod tenants;
 pub mod workload;
 
 pub use caller::{BenchError, Caller, CallerFactory, Stage, StageSample};

@@ -135,6 +135,12 @@ pub struct LoadResult {
     /// Timed requests that failed (open loop: including those never sent
     /// because the target fell too far behind).
     pub errors: u64,
+    /// Of `errors`, the requests the target refused at once without
+    /// running them ([`BenchError::is_refusal`]: the agent was overloaded).
+    pub refused: u64,
+    /// Of `errors`, open-loop requests never sent: every connection was
+    /// still waiting when the load had to stop.
+    pub unsent: u64,
     /// The earliest error's message.
     pub first_error: Option<String>,
     /// The timed phase: from the common start until the last timed call
@@ -160,6 +166,29 @@ pub fn run(
     factory: &CallerFactory,
     load: &Load,
     bounds: &Bounds,
+) -> Result<LoadResult, BenchError> {
+    run_inner(factory, load, bounds, None)
+}
+
+/// [`run`], except that an open loop sends no request later than `stop`
+/// after the start (instead of catching up until twice the duration):
+/// the requests it could not send by then count as errors
+/// ([`LoadResult::unsent`]). For a load that only has to cover a window,
+/// such as a flood beside the load being measured.
+pub fn run_stopping(
+    factory: &CallerFactory,
+    load: &Load,
+    bounds: &Bounds,
+    stop: Duration,
+) -> Result<LoadResult, BenchError> {
+    run_inner(factory, load, bounds, Some(stop))
+}
+
+fn run_inner(
+    factory: &CallerFactory,
+    load: &Load,
+    bounds: &Bounds,
+    stop: Option<Duration>,
 ) -> Result<LoadResult, BenchError> {
     bounds.check()?;
     let (threads, what, mode) = match load {
@@ -194,9 +223,11 @@ pub fn run(
                     "the open-loop schedule has no request before the end of the duration",
                 ));
             }
-            let drain = bounds
-                .duration
-                .map(|d| d.saturating_mul(2).saturating_add(DRAIN_EXTRA));
+            let drain = stop.or_else(|| {
+                bounds
+                    .duration
+                    .map(|d| d.saturating_mul(2).saturating_add(DRAIN_EXTRA))
+            });
             (
                 *connections,
                 "connection",
@@ -328,6 +359,7 @@ struct WorkerOut {
     stages: StageHists,
     completed: u64,
     errors: u64,
+    refused: u64,
     first_error: Option<(Instant, String)>,
     late: u64,
     /// When its last timed call returned.
@@ -353,6 +385,9 @@ impl WorkerOut {
             }
             Err(e) => {
                 self.errors += 1;
+                if e.is_refusal() {
+                    self.refused += 1;
+                }
                 if self.first_error.is_none() {
                     self.first_error = Some((done, e.0));
                 }
@@ -560,7 +595,7 @@ fn summarize(
 ) -> Result<LoadResult, BenchError> {
     let mut latency = LatencyHist::new();
     let mut stages = StageHists::new();
-    let (mut completed, mut errors, mut late) = (0u64, 0u64, 0u64);
+    let (mut completed, mut errors, mut refused, mut late) = (0u64, 0u64, 0u64, 0u64);
     let mut first_error: Option<(Instant, String)> = None;
     let mut end = start;
     for o in outs {
@@ -568,6 +603,7 @@ fn summarize(
         stages.merge(&o.stages);
         completed += o.completed;
         errors += o.errors;
+        refused += o.refused;
         late += o.late;
         if let Some((t, msg)) = o.first_error {
             if first_error.as_ref().is_none_or(|(t0, _)| t < *t0) {
@@ -579,8 +615,9 @@ fn summarize(
         }
     }
     let mut first_error = first_error.map(|(_, m)| m);
+    let mut unsent = 0;
     if let Mode::Open { offsets, .. } = mode {
-        let unsent = (offsets.len() as u64).saturating_sub(completed + errors);
+        unsent = (offsets.len() as u64).saturating_sub(completed + errors);
         if unsent > 0 {
             errors += unsent;
             first_error.get_or_insert_with(|| {
@@ -604,6 +641,8 @@ fn summarize(
         stages,
         completed,
         errors,
+        refused,
+        unsent,
         first_error,
         elapsed,
         throughput_rps: if secs > 0.0 {
@@ -819,6 +858,29 @@ mod tests {
         assert!((2..=4).contains(&r.completed), "{}", r.completed);
         let msg = r.first_error.unwrap_or_default();
         assert!(msg.contains("not sent"), "{msg}");
+    }
+
+    #[test]
+    fn a_stopping_open_loop_counts_what_it_did_not_send() {
+        // 20 requests in 20 ms, 50 ms each, stopped at 60 ms: two or
+        // three are sent, the rest are unsent errors.
+        let (f, _) = sleeper(Duration::from_millis(50), false);
+        let t = Instant::now();
+        let r = run_stopping(
+            &f,
+            &open(constant(1000.0, 20), 1),
+            &timed(20),
+            Duration::from_millis(60),
+        )
+        .unwrap();
+        assert!(
+            t.elapsed() < Duration::from_millis(1000),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(r.completed + r.errors, 20);
+        assert!((1..=3).contains(&r.completed), "{}", r.completed);
+        assert_eq!((r.unsent, r.refused), (r.errors, 0));
     }
 
     /// Fails every call, or every other one.

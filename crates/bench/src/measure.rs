@@ -192,6 +192,8 @@ fn raw_floor(
         stages: StageHists::new(),
         completed: n,
         errors: 0,
+        refused: 0,
+        unsent: 0,
         first_error: None,
         elapsed,
         throughput_rps: if busy_ns > 0 {
@@ -297,6 +299,7 @@ pub fn aggregate(key: &RowKey, target: &RunningTarget, load: &Load, repeats: &[R
         noise_cpu_pct: noise,
         note,
         batching: None,
+        tenants: None,
     }
 }
 

@@ -359,6 +359,27 @@ fn write_suite(out: &mut String, suite: &str, rows: &[Row]) {
         );
         out.push_str(&batching);
     }
+    let tenants = crate::tenants::tables(rows);
+    if !tenants.is_empty() {
+        let _ = writeln!(
+            out,
+            "Tenant isolation: tenant A (`flood`) open loop at 2× the model's \
+             capacity beside tenant B (`light`) at 10 %, on an agent with a \
+             tenants file (A has `max_queued`) and on one without (FIFO, clients \
+             unauthenticated), against B alone. Latency from each request's \
+             scheduled time; medians over repeats, p99's min–max in brackets. \
+             overloaded: requests refused at once (`Overloaded`, \
+             `TooManyInFlight`), summed over repeats, not counted in errors; \
+             unsent: A's scheduled requests it could not send before its window \
+             ended (all its connections waiting), not counted in errors either. \
+             B p99 / solo: B's p99 beside the flood over its p99 alone (the \
+             rows' medians; per-repeat pairs in brackets). CPU: percent of one \
+             core over the measurement, the agent's from `/proc`, each tenant's \
+             from the agent's `tensorwire_tenant_cpu_seconds_total` (– when \
+             not exported).\n"
+        );
+        out.push_str(&tenants);
+    }
     let mut keys: Vec<GroupKey> = Vec::new();
     for r in rows {
         let k = (r.model.clone(), r.tensor_bytes, r.load.clone());

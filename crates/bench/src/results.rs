@@ -94,6 +94,12 @@ pub struct Row {
     /// `offline_rps`, ...), absent from other rows.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub batching: Option<crate::batching::BatchingFigures>,
+    /// Tenant isolation figures (`tenants` suite only): their fields sit in
+    /// the row itself (`scenario`, `tenant`, `offered_rps`,
+    /// `completed_rps`, `overloaded`, `b_p99_ratio`, ...), absent from
+    /// other rows.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<crate::tenants::TenantFigures>,
 }
 
 /// Facts about the machine a run was made on.
@@ -290,6 +296,7 @@ pub(crate) mod tests {
             noise_cpu_pct: 1.0,
             note: String::new(),
             batching: None,
+            tenants: None,
         }
     }
 

@@ -19,7 +19,10 @@
 //!   classifier, MobileNetV2 over shm and unix, closed loop 1 → 64 clients
 //!   and an open-loop sweep), each row with the mean batch the agent ran
 //!   and the engine's own throughput on batches that size
-//!   ([`crate::batching`]).
+//!   ([`crate::batching`]);
+//! - `tenants`: tenant isolation (a flood at 2× capacity beside a light
+//!   tenant, with and without a tenants file); not a plan: it runs two
+//!   loads at once, by [`crate::tenants::run`].
 
 use crate::batching::{self as batch, BatchConfig, BatchingFigures, OfflineBounds, OfflineCache};
 use crate::caller::BenchError;
@@ -384,7 +387,7 @@ pub fn built_model(root: &Path, name: &str) -> Result<PathBuf, BenchError> {
 }
 
 /// The named suites.
-pub const SUITES: &[&str] = &["vaccel", "breakdown", "load", "batching"];
+pub const SUITES: &[&str] = &["vaccel", "breakdown", "load", "batching", "tenants"];
 
 /// The plan of suite `name` (quick = the ≤ 1 minute version).
 pub fn suite(name: &str, root: &Path, quick: bool) -> Result<Plan, BenchError> {
@@ -393,6 +396,9 @@ pub fn suite(name: &str, root: &Path, quick: bool) -> Result<Plan, BenchError> {
         "breakdown" => breakdown(root, quick),
         "load" => load_sweep(root, quick),
         "batching" => batching(root, quick),
+        "tenants" => Err(BenchError::new(
+            "the tenants suite is not a plan: run it with bench::tenants::run",
+        )),
         other => Err(BenchError::new(format!(
             "unknown suite '{other}' (available: {})",
             SUITES.join(", ")

@@ -16,9 +16,12 @@ use std::time::{Duration, Instant};
 /// Arguments of `bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run a named suite (vaccel, breakdown, load, batching) instead of the
-    /// options below; each regenerates one published experiment (batching:
-    /// dynamic batching off against on).
+    /// Run a named suite (vaccel, breakdown, load, batching, tenants)
+    /// instead of the options below; each regenerates one published
+    /// experiment (batching: dynamic batching off against on; tenants: one
+    /// tenant's flood beside another's light load, with and without a
+    /// tenants file; it takes --duration, --repeats, --intra-threads and
+    /// --spin-us).
     #[arg(long)]
     suite: Option<String>,
     /// The ≤ 1 minute version of a suite (fewer models, shorter rows).
@@ -78,9 +81,10 @@ pub struct Args {
     /// Replay a trace: one timestamp (seconds) per line.
     #[arg(long, value_name = "FILE", conflicts_with = "rate")]
     trace: Option<PathBuf>,
-    /// Seconds each measurement runs (at most).
-    #[arg(long, default_value_t = 2.0)]
-    duration: f64,
+    /// Seconds each measurement runs (at most). Default 2; the tenants
+    /// suite: 10, or 3 with --quick.
+    #[arg(long)]
+    duration: Option<f64>,
     /// Timed requests per measurement (at most).
     #[arg(long)]
     requests: Option<u64>,
@@ -122,19 +126,28 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     let started = std::time::SystemTime::now();
     let t0 = Instant::now();
     let root = classifier::paths::repo_root();
-    let plan = match &a.suite {
-        Some(_) if !a.inputs.is_empty() => {
-            return Err(
-                "--input applies to a run of one --model PATH.onnx, not to a --suite".into(),
-            )
-        }
-        Some(name) => suite::suite(name, &root, a.quick)?,
-        None => custom_plan(&a)?,
+    if a.suite.is_some() && !a.inputs.is_empty() {
+        return Err("--input applies to a run of one --model PATH.onnx, not to a --suite".into());
+    }
+    // The tenants suite runs two loads at once: its own runner, no plan.
+    let tenants = match a.suite.as_deref() {
+        Some(bench::tenants::SUITE) => Some(bench::tenants::TenantsConfig::new(
+            a.quick,
+            a.duration.map(duration_arg).transpose()?,
+            a.repeats,
+        )?),
+        _ => None,
     };
+    let plan = match &a.suite {
+        _ if tenants.is_some() => None,
+        Some(name) => Some(suite::suite(name, &root, a.quick)?),
+        None => Some(custom_plan(&a)?),
+    };
+    let pin_by_default = plan.as_ref().is_some_and(|p| p.pin_by_default);
     let pin = a
         .pin
         .clone()
-        .unwrap_or_else(|| if plan.pin_by_default { "cross" } else { "none" }.to_string());
+        .unwrap_or_else(|| if pin_by_default { "cross" } else { "none" }.to_string());
     let placement = bench::placement::Placement::parse(&pin)?;
     let env = BenchEnv {
         exe: std::env::current_exe()?,
@@ -157,7 +170,11 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let mut console = bench::console::Console::new(a.quiet);
-    let rows = suite::run_plan(&plan, &env, &mut console)?;
+    let rows = match (&plan, &tenants) {
+        (Some(plan), _) => suite::run_plan(plan, &env, &mut console)?,
+        (None, Some(cfg)) => bench::tenants::run(cfg, &root, &env, &mut console)?,
+        (None, None) => return Err("nothing to run".into()),
+    };
     let results = bench::results::Results {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         commit: bench::resources::tensorwire_commit(&root),
@@ -190,9 +207,7 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
     if a.repeats == 0 || a.repeats > 100 {
         return Err("--repeats must be 1 to 100".into());
     }
-    if !(a.duration > 0.0 && a.duration <= 3600.0) {
-        return Err("--duration must be more than 0 and at most 3600 seconds".into());
-    }
+    let duration = duration_arg(a.duration.unwrap_or(2.0))?;
     if a.clients.is_empty() || a.clients.iter().any(|&c| c == 0 || c > 1024) {
         return Err("--clients must be 1 to 1024".into());
     }
@@ -255,7 +270,6 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
             target::targets(&nets, &peers)
         }
     };
-    let duration = Duration::from_secs_f64(a.duration);
     let loads: Vec<LoadSpec> = if let Some(trace) = &a.trace {
         vec![LoadSpec::Fixed(Load::Open {
             offsets: bench::schedule::read_trace(trace)?,
@@ -307,6 +321,15 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
             .collect(),
         classifier: None,
     })
+}
+
+/// `--duration` in seconds: more than 0, at most 3600.
+fn duration_arg(secs: f64) -> Result<Duration, CmdError> {
+    if secs > 0.0 && secs <= 3600.0 {
+        Ok(Duration::from_secs_f64(secs))
+    } else {
+        Err("--duration must be more than 0 and at most 3600 seconds".into())
+    }
 }
 
 /// Parses repeated `--input NAME=FILE.npy` flags. Each name must be given
