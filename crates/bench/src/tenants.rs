@@ -76,6 +76,9 @@ const LIGHT_SEED: u64 = crate::suite::SEED;
 /// How long past its window the flood may still send requests that fell
 /// behind.
 const FLOOD_DRAIN: Duration = Duration::from_millis(100);
+/// How long after a measurement the per-tenant CPU is read (see
+/// [`TenantFigures::tenant_cpu_pct`]).
+const TENANT_CPU_SETTLE: Duration = Duration::from_millis(300);
 /// Seed of A's schedule.
 const FLOOD_SEED: u64 = crate::suite::SEED ^ 0xa5a5;
 
@@ -221,8 +224,10 @@ pub struct TenantFigures {
     /// over repeats).
     pub agent_cpu_pct: Option<f64>,
     /// This tenant's CPU in the agent over the measurement, percent of one
-    /// core (the agent's `tensorwire_tenant_cpu_seconds_total`; `None`
-    /// without a tenants file or when the agent does not export it).
+    /// core (the agent's `tensorwire_tenant_cpu_seconds_total`, read
+    /// before and 300 ms after, since the agent charges a session's CPU
+    /// when its turn ends; `None` without a tenants file or when the agent
+    /// does not export it).
     pub tenant_cpu_pct: Option<f64>,
 }
 
@@ -559,6 +564,12 @@ fn measure(
             .map(|after| after.saturating_sub(before))
     });
     let sys1 = resources::SystemCpu::snapshot()?;
+    // The agent charges a session's CPU to its tenant when the session's
+    // turn ends (and every few hundred requests): give the sessions just
+    // closed time to end theirs.
+    if tenant0.is_some() {
+        std::thread::sleep(TENANT_CPU_SETTLE);
+    }
     let tenant_cpu_s = tenant0.zip(agent.tenant_cpu()).map(|(before, after)| {
         after
             .iter()
