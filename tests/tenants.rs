@@ -377,6 +377,7 @@ fn a_bad_tenants_file_stops_the_agent_at_start_naming_the_line() {
         "[[tenant]]\nname = \"a\"\n\n[[tenant]]\nname = \"b\"\ntokens_sha256 = [\"xyz\"]\n",
     );
     let sock = format!("unix://{}/s.sock", dir.path().display());
+    common::tensorwire_bin(); // built first: the limit is for the agent, not the build
     let (status, _, err) = run_bin(&["serve", "--listen", &sock, "--tenants", &tenants], LIMIT);
     assert!(!status.success());
     assert!(
@@ -386,13 +387,40 @@ fn a_bad_tenants_file_stops_the_agent_at_start_naming_the_line() {
 }
 
 #[test]
+fn a_request_by_id_learns_nothing_of_models_the_tenant_may_not_use() {
+    // This uid is in no tenant and the file has no `default`: no rights.
+    let (agent, _dir) = quota_agent(&format!(
+        "[[tenant]]\nname = \"other\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"*\"]\n",
+        hex("o")
+    ));
+    let mut peer = common::RawPeer::connect_hello(&agent.unix);
+    let slow = agent.model_id("slow");
+    let mut answers = Vec::new();
+    for model_id in [slow, 9999] {
+        let id = peer.id();
+        let (h, desc, payload) = common::request(id, model_id, &[], 0);
+        peer.send(&h, &desc, &payload);
+        let msg = peer.expect_error(wire::Status::PermissionDenied, id);
+        answers.push(msg.replace(&format!("id {model_id}"), "id N"));
+    }
+    // The same answer for a model that exists and one that does not, and
+    // neither names a model.
+    assert_eq!(answers[0], answers[1]);
+    assert!(!answers[0].contains("slow"), "{}", answers[0]);
+    peer.ping();
+}
+
+#[test]
 fn listeners_beyond_loopback_need_insecure() {
-    let (status, _, err) = run_bin(&["serve", "--listen", "tcp://0.0.0.0:0"], LIMIT);
-    assert!(!status.success());
-    assert!(
-        err.contains("--insecure") && err.contains("clear text"),
-        "{err}"
-    );
+    common::tensorwire_bin(); // built first: the limit is for the agent, not the build
+    for uri in ["tcp://0.0.0.0:0", "grpc://0.0.0.0:0", "http://[::]:0"] {
+        let (status, _, err) = run_bin(&["serve", "--listen", uri], LIMIT);
+        assert!(!status.success(), "{uri}");
+        assert!(
+            err.contains("--insecure") && err.contains("clear text"),
+            "{uri}: {err}"
+        );
+    }
     // With it the agent starts (and is stopped at once).
     let mut agent = ServeProcess::spawn(&["--insecure", "--listen", "tcp://0.0.0.0:0"]);
     assert!(
@@ -592,6 +620,7 @@ fn a_cpu_cgroup_that_is_not_one_refuses_the_file() {
         ),
     );
     let sock = format!("unix://{}/s.sock", dir.path().display());
+    common::tensorwire_bin(); // built first: the limit is for the agent, not the build
     let (status, _, err) = run_bin(&["serve", "--listen", &sock, "--tenants", &tenants], LIMIT);
     assert!(!status.success());
     assert!(err.contains("not a cgroup directory"), "{err}");

@@ -104,6 +104,7 @@ impl Agent {
         let doors_cfg = frontend::DoorsConfig {
             grpc: split.grpc,
             http: split.http,
+            insecure: cfg.insecure,
             ..frontend::DoorsConfig::default()
         };
         let running = py.detach(|| {

@@ -31,8 +31,9 @@ use wire::{
 /// clock.
 pub const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// How a client connects and waits.
-#[derive(Clone, Debug)]
+/// How a client connects and waits. (`Debug` shows whether a token is
+/// set, never the token.)
+#[derive(Clone)]
 pub struct ClientOptions {
     /// How long a call waits for its response before [`ClientError::Timeout`].
     pub timeout: Duration,
@@ -54,6 +55,19 @@ pub struct ClientOptions {
     /// client by its uid (unix, shm) or not at all (tcp). Tools read it
     /// from `--token` or the `TENSORWIRE_TOKEN` environment variable.
     pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("limits", &self.limits)
+            .field("want_timeline", &self.want_timeline)
+            .field("spin", &self.spin)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -1088,4 +1102,22 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
         client_received_ns: 0,
         client_done_ns: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_never_show_their_token() {
+        let o = ClientOptions {
+            token: Some("s3cret-token".into()),
+            ..ClientOptions::default()
+        };
+        let shown = format!("{o:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+    }
 }

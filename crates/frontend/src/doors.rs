@@ -87,6 +87,12 @@ pub struct DoorsConfig {
     /// A model repository to serve (opened over the agent's registry; its
     /// models load before any door opens).
     pub repository: Option<RepositoryOptions>,
+    /// Allows gRPC and HTTP doors on addresses other than loopback. The
+    /// doors have no TLS yet: off, such a door is refused at start, since
+    /// its tokens and tensors would cross the network in clear text
+    /// (`AgentConfig::insecure`; the metrics listener carries neither and
+    /// may listen anywhere).
+    pub insecure: bool,
 }
 
 /// The running front doors of one agent (module docs).
@@ -116,6 +122,22 @@ impl FrontDoors {
         }
         for uri in &cfg.http {
             parse_http_uri(uri)?;
+        }
+        if !cfg.insecure {
+            for uri in cfg.grpc.iter().chain(&cfg.http) {
+                let hostport = uri.split_once("://").map_or("", |(_, r)| r);
+                if !server::config::is_loopback(hostport.split('/').next().unwrap_or("")) {
+                    return Err(FrontendError::BadAddress {
+                        uri: uri.clone(),
+                        reason: "it listens beyond this machine, and the front doors have no \
+                                 TLS yet: tokens and tensors would cross the network in clear \
+                                 text. Listen on 127.0.0.1 (behind a TLS proxy), or give \
+                                 --insecure (TOML [access] insecure = true) on a network you \
+                                 trust"
+                            .into(),
+                    });
+                }
+            }
         }
         if let Some(uri) = &cfg.metrics {
             parse_metrics_uri(uri)?;
@@ -282,6 +304,7 @@ mod tests {
                 http: vec!["http://127.0.0.1:0".into(), "http://127.0.0.1:0".into()],
                 metrics: Some("http://127.0.0.1:0".into()),
                 repository: None,
+                insecure: false,
             },
         )
         .expect("start");
@@ -306,6 +329,37 @@ mod tests {
         for u in uris.iter().chain([&metrics]) {
             assert!(refuses(u), "{u} still accepts connections");
         }
+    }
+
+    #[test]
+    fn doors_beyond_loopback_need_insecure() {
+        for uri in ["grpc://0.0.0.0:0", "http://[::]:0", "http://10.1.2.3:0"] {
+            let (grpc, http) = if uri.starts_with("grpc") {
+                (vec![uri.to_string()], vec![])
+            } else {
+                (vec![], vec![uri.to_string()])
+            };
+            let e = FrontDoors::start(
+                core(),
+                DoorsConfig {
+                    grpc,
+                    http,
+                    ..DoorsConfig::default()
+                },
+            )
+            .expect_err("refused without insecure");
+            assert!(e.to_string().contains("--insecure"), "{e}");
+        }
+        let open = FrontDoors::start(
+            core(),
+            DoorsConfig {
+                http: vec!["http://0.0.0.0:0".into()],
+                insecure: true,
+                ..DoorsConfig::default()
+            },
+        )
+        .expect("insecure allows it");
+        open.shutdown();
     }
 
     #[test]

@@ -536,7 +536,18 @@ impl AgentCore {
                 "the agent is shutting down and accepts no new requests",
             )));
         }
-        let model = self.registry.get(h.model_id).ok_or_else(|| {
+        let found = self.registry.get(h.model_id);
+        // A tenant's rights come before the model's existence: ids it may
+        // not call and ids no model has get the same answer, and its
+        // probes count against no model's statistics.
+        let ticket = match &grant.seat {
+            None => None,
+            Some(seat) => Some(
+                seat.admit_id(h.model_id, found.as_deref(), h.payload_len)
+                    .map_err(|(status, msg)| self.fail(Reply::error(id, status, &msg)))?,
+            ),
+        };
+        let model = found.ok_or_else(|| {
             self.fail(Reply::error(
                 id,
                 Status::UnknownModel,
@@ -553,13 +564,6 @@ impl AgentCore {
         let refuse = |r: Reply| {
             stats.record_failure(arrived);
             self.fail(r)
-        };
-        let ticket = match &grant.seat {
-            None => None,
-            Some(seat) => Some(
-                seat.admit(&model, h.payload_len)
-                    .map_err(|(status, msg)| refuse(Reply::error(id, status, &msg)))?,
-            ),
         };
         let section = decode_tensor_section_in(h, desc, placement)
             .map_err(|e| refuse(Reply::error(id, e.status(), &e.to_string())))?;

@@ -309,6 +309,9 @@ impl Inner {
     /// One worker: wait for a ready task, run it, park or drop it, repeat.
     fn work(self: Arc<Self>, mut starting: bool) {
         POOL.with(|p| *p.borrow_mut() = Arc::downgrade(&self));
+        // A worker started from a turn that runs in a tenant's cgroup
+        // began there too: it serves everyone, so it starts at home.
+        crate::tenants::cgroup::start_at_home();
         let timespec = |d: Duration| rustix::time::Timespec {
             tv_sec: d.as_secs() as i64,
             tv_nsec: i64::from(d.subsec_nanos()),

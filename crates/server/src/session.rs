@@ -159,6 +159,11 @@ impl SocketSession {
         tl.stamp(Stage::PayloadInPlace);
         let views = prep.views(&buf);
         let reply = core.execute(&prep, &views, &mut tl);
+        // The tenant's in-flight quota is given back before the answer
+        // leaves: a client that has it may send again at once.
+        if let Some(t) = &prep.ticket {
+            t.release();
+        }
         send(conn, &reply, &views)
     }
 }

@@ -481,7 +481,11 @@ impl<'a> Session<'a> {
             }
         };
         // `prep` (the request's in-flight count) lives until the response
-        // is published, as on sockets.
+        // is published, as on sockets. Its tenant's quota is given back
+        // first: a client that has its answer may send again at once.
+        if let Some(t) = &prep.ticket {
+            t.release();
+        }
         let ok = self.send(&reply);
         drop(prep);
         ok

@@ -67,7 +67,15 @@ impl Listener {
         match ep {
             Endpoint::Unix(path) => {
                 remove_stale_unix_socket(path).map_err(err)?;
-                let l = UnixListener::bind(path).map_err(err)?;
+                // Created owner-only (umask 0177 for the bind) and opened up
+                // by `set_access`: no moment when the umask's bits let
+                // others connect. The umask is the process's: a file another
+                // thread creates meanwhile comes out owner-only too, which
+                // errs on the safe side.
+                let umask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+                let bound = UnixListener::bind(path);
+                rustix::process::umask(umask);
+                let l = bound.map_err(err)?;
                 Ok(Listener {
                     kind: Kind::Unix(l, path.clone()),
                     endpoint: ep.clone(),

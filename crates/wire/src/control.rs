@@ -41,13 +41,23 @@ pub type HelloBody = Limits;
 pub const MAX_TOKEN_LEN: usize = 1024;
 
 /// What a client says in its Hello: the limits it asks for, and the bearer
-/// token that names its tenant, if it has one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// token that names its tenant, if it has one. (`Debug` shows the token's
+/// length, never its bytes.)
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Hello<'a> {
     /// The limits asked for (0 fields = no preference).
     pub limits: Limits,
     /// The bearer token, 1..=[`MAX_TOKEN_LEN`] bytes.
     pub token: Option<&'a [u8]>,
+}
+
+impl std::fmt::Debug for Hello<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hello")
+            .field("limits", &self.limits)
+            .field("token_len", &self.token.map(<[u8]>::len))
+            .finish()
+    }
 }
 
 /// Encodes a HelloAck body, or a Hello body without a token.

@@ -203,6 +203,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         http: listen.http,
         metrics: a.metrics_listen.clone(),
         repository,
+        insecure: cfg.insecure,
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -13,7 +13,12 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
+
+/// Whether any thread of this process was ever moved into a tenant's
+/// cgroup (until then new threads need no moving home).
+static PLACED: AtomicBool = AtomicBool::new(false);
 
 /// A cgroup a thread can be moved into.
 #[derive(Debug)]
@@ -50,8 +55,22 @@ impl CpuCgroup {
 
     /// Moves the calling thread into this cgroup.
     pub fn enter(&self) -> io::Result<()> {
+        PLACED.store(true, Ordering::Relaxed);
         let tid = rustix::thread::gettid().as_raw_nonzero().get();
         (&self.threads).write_all(tid.to_string().as_bytes())
+    }
+}
+
+/// For a thread just started: moves it to the agent's own cgroup if tenant
+/// cgroups are in use (a thread starts in its creator's cgroup, and a
+/// worker created during a tenant's turn would otherwise serve everyone
+/// from the tenant's cgroup). Nothing to do, and no system call, before
+/// any thread was placed.
+pub fn start_at_home() {
+    if PLACED.load(Ordering::Relaxed) {
+        if let Err(e) = home().and_then(|h| h.enter().map_err(|e| e.to_string())) {
+            eprintln!("tensorwire agent: a new worker could not move to the agent's cgroup: {e}");
+        }
     }
 }
 

@@ -287,14 +287,15 @@ fn check(t: TenantToml) -> Result<TenantSpec, String> {
         (None, Some(_)) => return Err(format!("{who}: burst needs requests_per_second")),
         (None, None) => None,
         (Some(r), burst) => {
-            if !(r.is_finite() && r > 0.0 && r <= 1e9) {
+            if !(r.is_finite() && (1e-3..=1e9).contains(&r)) {
                 return Err(format!(
-                    "{who}: requests_per_second must be above 0 and at most 1e9, not {r}"
+                    "{who}: requests_per_second must be 0.001..=1e9 (one per 1000 s at least), \
+                     not {r}"
                 ));
             }
             let burst = burst.unwrap_or_else(|| (r.ceil() as u32).max(1));
-            if burst == 0 {
-                return Err(format!("{who}: burst must be at least 1"));
+            if !(1..=1_000_000).contains(&burst) {
+                return Err(format!("{who}: burst must be 1..=1000000, not {burst}"));
             }
             Some(Rate {
                 per_second: r,
@@ -469,6 +470,12 @@ models = ["*"]
         bad(&format!("{one}burst = 3\n"), "needs requests_per_second", 1);
         bad(&format!("{one}priority = 0\n"), "priority", 1);
         bad(&format!("{one}cpu_cgroup = \"tw/a\"\n"), "absolute", 1);
+        bad(&format!("{one}requests_per_second = 1e-9\n"), "0.001", 1);
+        bad(
+            &format!("{one}requests_per_second = 1.0\nburst = 0\n"),
+            "burst",
+            1,
+        );
         bad("[[tenant]]\nname = 3\n", "invalid type", 2);
         bad("[tenant\n", "", 1);
     }

@@ -104,20 +104,30 @@ pub struct ShmSizes {
 impl ShmSizes {
     /// These sizes, with the two regions shrunk in proportion (to whole
     /// pages) so that the whole arena (header page, rings, regions) takes
-    /// at most `max_arena` bytes. Unchanged when they fit; a budget below
-    /// the header and rings leaves one page each.
+    /// at most `max_arena` bytes. Unchanged when they fit. Rings that would
+    /// take more than half the budget are halved (down to 8 slots) first;
+    /// a budget below the header and the smallest rings leaves one page per
+    /// region (over the budget: the least a session needs).
     pub fn within(self, max_arena: u64) -> ShmSizes {
         const PAGE: usize = 4096;
-        let ring = Ring::bytes_needed(self.ring_capacity).div_ceil(PAGE) * PAGE;
-        let fixed = PAGE + 2 * ring;
         let budget = usize::try_from(max_arena).unwrap_or(usize::MAX);
+        let ring_bytes = |cap: u32| Ring::bytes_needed(cap).div_ceil(PAGE) * PAGE;
+        let mut ring_capacity = self.ring_capacity;
+        while ring_capacity > 8 && PAGE + 2 * ring_bytes(ring_capacity) > budget / 2 {
+            ring_capacity /= 2;
+        }
+        let this = ShmSizes {
+            ring_capacity,
+            ..self
+        };
+        let fixed = PAGE + 2 * ring_bytes(ring_capacity);
         let data = budget.saturating_sub(fixed) / PAGE * PAGE;
         let (c, a) = (
-            self.client_len.div_ceil(PAGE),
-            self.agent_len.div_ceil(PAGE),
+            this.client_len.div_ceil(PAGE),
+            this.agent_len.div_ceil(PAGE),
         );
         if (c + a) * PAGE <= data {
-            return self;
+            return this;
         }
         let pages = (data / PAGE).max(2);
         // u128: pages × c cannot overflow.
@@ -126,7 +136,7 @@ impl ShmSizes {
         ShmSizes {
             client_len: client * PAGE,
             agent_len: (pages - client) * PAGE,
-            ..self
+            ..this
         }
     }
 }
@@ -204,9 +214,11 @@ pub struct ShmChannel {
 /// `<temp dir>/tensorwire-<uid>/name.sock`. The directory is created with
 /// mode 0700 (only this user can reach the agent's control socket). An
 /// existing one is trusted when it is owned by this user or by root and
-/// writable by no one else: an agent run by root (or a service user whose
-/// directory root made) serves clients of other users through a
-/// `TENSORWIRE_SHM_DIR` they can enter, with `serve --socket-mode`.
+/// writable by no one else: an agent run by root serves clients of other
+/// users through a `TENSORWIRE_SHM_DIR` they can enter (e.g. a root-owned
+/// 0755 directory), with `serve --socket-mode`. (An agent run by another
+/// service user would need its clients to trust that user's directory:
+/// not supported.)
 pub fn control_path(name: &str) -> io::Result<PathBuf> {
     if name.is_empty()
         || name.len() > 64
@@ -809,6 +821,20 @@ mod tests {
         assert!((ratio - 4.0).abs() < 0.01, "{ratio}");
         let tiny = d.within(0);
         assert_eq!((tiny.client_len, tiny.agent_len), (4096, 4096));
+        assert_eq!(tiny.ring_capacity, 8);
+        // Big rings shrink to fit a 1 MiB budget.
+        let big = ShmSizes {
+            ring_capacity: 65536,
+            ..d
+        }
+        .within(1 << 20);
+        let l = Layout::new(big.ring_capacity, big.client_len, big.agent_len).unwrap();
+        assert!(
+            l.arena_len <= 1 << 20,
+            "{} with {} slots",
+            l.arena_len,
+            big.ring_capacity
+        );
     }
 
     fn pair(sizes: ShmSizes) -> (ShmChannel, ShmChannel, Limits) {
