@@ -15,59 +15,108 @@
 //! higher level is served first, and no request starves: a request of
 //! level `p` is ahead of every request whose start is more than
 //! `(p - 1) × aging` after its own. The turn is fixed when the request
-//! arrives, so the order of two waiters never changes while they wait (an
-//! order that moved with the clock could leave two waiters each deferring
-//! to the other with the model free). A request may wait at most its
-//! timeout (its own, capped by the policy's default when there is one);
-//! then it leaves the queue answered [`Refused::Timeout`], never computed.
-//! With `max_queue` requests already waiting, one more is refused at once
-//! ([`Refused::Overloaded`]).
+//! arrives and never moves with the clock, so the order of two waiters
+//! never changes as they wait (an order that moved with the clock could
+//! leave two waiters each deferring to the other with the model free).
+//! The one exception is an event, not the clock: a tenant's request moves
+//! up when an earlier one of its tenant leaves unserved (below), under the
+//! lock, and the waiter to admit next is woken then. A request may wait
+//! at most its timeout (its own, capped by the policy's default when
+//! there is one); then it leaves the queue answered [`Refused::Timeout`],
+//! never computed. With `max_queue` requests already waiting, one more is
+//! refused at once ([`Refused::Overloaded`]).
 //!
 //! ## Fairness between tenants
 //!
 //! A request that carries a tenant ([`crate::tenants::Tenant`], from the
 //! agent's tenants file) and must wait gets its fair start from the
-//! queue's *virtual clock* (start-time fair queuing, SFQ):
+//! queue's *virtual clock* (start-time fair queuing, SFQ), one per
+//! priority level `p`:
 //!
 //! ```text
-//! v      = max(V, last_T)                 its fair start
+//! v      = max(V_p, last_T)               its fair start
 //! last_T = v + s × W / weight_T           where T's next request may start
-//! V      = the largest fair start admitted so far (never behind
-//!          now - aging; moved up to now when no tenant's request waits)
+//! V_p    = min(C, the smallest fair start of the tenants' requests
+//!          waiting at level p)
+//! C      = the largest fair start admitted so far (at any level), never
+//!          behind now - aging; moved up to now when no tenant's request
+//!          waits
 //! ```
 //!
 //! `s` is the queue's own estimate of the time between two admissions
-//! while requests wait (a moving average taken on the waiting path only;
-//! 1 ms before the first), and `W` the sum of the weights of the tenants
+//! while requests wait (taken on the waiting path only: before the first
+//! measure, 1 ms, or the time the line waited for the runs in progress at
+//! its first admission if longer; then the mean of the first 8 measures;
+//! then a moving average), and `W` the sum of the weights of the tenants
 //! with requests waiting here (T's included). So `s × W / weight_T` is how
 //! far apart T's requests would start if the model were shared by weight
-//! among the tenants that want it now, and the virtual clock moves at
-//! about the speed of real time: fair starts, aging and the arrival times
-//! of requests without a tenant stay comparable.
+//! among the tenants that want it now, and with `s` about right the
+//! virtual clock moves at about the speed of real time: fair starts, aging
+//! and the arrival times of requests without a tenant stay comparable.
 //!
-//! **The bound.** A tenant whose requests are not over its share (its
-//! `last_T` is not ahead of `V`) starts at `V`. Every waiter of its level
-//! has a fair start of at least `V` (they are admitted in that order), and
-//! a tenant's fair starts are strictly increasing, so ahead of it are at
-//! most one request of each other tenant (the one starting exactly at `V`,
-//! if any), the requests without a tenant that arrived before it, and the
-//! runs in progress: one tenant flooding the model pushes another's wait
-//! up by at most one service time, however many requests it has queued.
-//! Between backlogged tenants, admissions follow their weights (3:1 for
-//! weights 3 and 1). What the bound assumes: `V` within one `aging` of
-//! real time (the floor `now - aging` keeps aging and requests without a
-//! tenant from waiting behind a virtual clock that fell far behind; with
-//! `s` about right `V` tracks real time), and a level: a higher level goes
-//! first as before, and a level-`p` request is ahead of every request whose
-//! fair start is more than `(p - 1) × aging` after its own (a tenant over
-//! its share waits its share out first). Requests without a tenant (no
-//! tenants file, in-process callers) keep `start = arrival`: with no
-//! tenants the order is exactly what it was.
+//! A request that leaves the line unserved (its timeout passed) gives its
+//! step back: its tenant's later requests still in line move up by it
+//! (their turns with them), and so does `last_T`, as far as they would be
+//! had it never come, and never behind their level's `V_p` as it is then.
 //!
-//! The per-tenant state (`last_T`, its waiting requests) lives in the
-//! queue's locked state, touched only on the waiting path; a tenant with
-//! nothing waiting whose `last_T` is behind `V` is dropped (it would start
-//! at `V` anyway). A tenant's `max_queued` bounds its requests waiting in
+//! **The bound.** Take a request `r` of tenant `T` at level `p`, `T` not
+//! over its share when `r` comes (`last_T` not ahead of `V_p`: then `T`
+//! has no request waiting at that level). `r` starts at `V_p`. Every
+//! tenant's request waiting at level `p` has a fair start of at least
+//! `V_p`; `V_p` never goes back while `r` waits (admissions only raise
+//! `C` and the smallest start waiting; a request joining starts at `V_p`
+//! or later; a step given back moves no request behind `V_p`); a tenant's
+//! fair starts are strictly increasing, and equal turns go by arrival. So
+//! ahead of `r` at its level are at most one request of each other tenant
+//! (the one starting exactly at `V_p`, if any), however many each has
+//! queued, and however the clock got there (admissions at other levels,
+//! the aging floor, steps given back). Besides those, ahead of `r` are:
+//! the runs in progress; requests of higher levels whose turn comes
+//! before `r`'s (a higher level `q` goes first, as without tenants: all
+//! its requests starting up to `(p - q) × aging` after `V_p`, however
+//! many); requests of lower levels that aged past it;
+//! and requests without a tenant whose turn comes before `r`'s (their
+//! start is their arrival). So: a tenant flooding the model at the same
+//! level pushes another's request back by at most one run, and only that
+//! request's; it is exact for that first request whatever `s` is.
+//!
+//! What it does not cover, honestly:
+//!
+//! - *`T`'s next requests.* They start `s × W / weight_T` apart; a tenant
+//!   that already has requests in line waits its share out behind its own
+//!   earlier ones. If another tenant's backlog was given its starts with
+//!   `s` far too small (most often: queued while `s` was still the 1 ms
+//!   default, before the model's real run time was measured), that backlog
+//!   was charged too little and sits at starts close together: `T`'s first
+//!   request still goes after at most one of it, but `T`'s later ones go
+//!   after all of it, until it drains. With `s` too large, starts spread
+//!   ahead of real time, and requests without a tenant go ahead of the
+//!   tenants' ones.
+//! - *Real time.* `V_p` is never floored above a fair start still waiting
+//!   at its level (a floor that passed them would put a newcomer behind a
+//!   whole backlog), so a backlog whose starts fell behind real time (`s`
+//!   too small, or a lower level starved by higher ones) keeps `V_p`
+//!   there until it drains: meanwhile aging and requests without a tenant
+//!   compare with a clock that is behind, and tenants' requests at that
+//!   level go ahead of requests without a tenant that arrived after their
+//!   starts.
+//! - *Weights.* Between tenants backlogged at the same level, admissions
+//!   follow their weights (3:1 for weights 3 and 1) while `s` is steady; a
+//!   change of `s` or of `W` applies to the steps given from then on.
+//! - *Timeouts.* A step given back is the step the request was given; had
+//!   it never come, its tenant's next one could sometimes have started
+//!   earlier still (when it started at `V_p`, its successor goes back to
+//!   that `V_p`, not to `last_T` before it).
+//!
+//! Requests without a tenant (no tenants file, in-process callers) keep
+//! `start = arrival`: with no tenants the order is exactly what it was.
+//!
+//! The per-tenant state (`last_T`, its waiting requests with their starts,
+//! steps and levels) lives in the queue's locked state, touched only on
+//! the waiting path (a tenant's request joining or leaving scans the
+//! tenants' waiting requests once: `V_p`); a tenant with nothing waiting
+//! whose `last_T` is behind every level's `V_p` is dropped (it would start
+//! at `V_p` anyway). A tenant's `max_queued` bounds its requests waiting in
 //! all model queues (its usage's `queued`, counted from joining a line to
 //! leaving it: admitted, taken into a batch, timed out): one more is
 //! refused at once ([`Refused::TenantQueueFull`]). The uncontended path
@@ -286,9 +335,10 @@ impl State {
     /// into a batch), with its tenant's accounting.
     fn remove(&mut self, seq: u64, served: bool) {
         self.waiters.retain(|w| w.seq != seq);
-        self.fair.left(seq, served);
+        self.fair.left(seq, served, &mut self.waiters);
         if self.waiters.is_empty() {
             self.fair.last_grant = None;
+            self.fair.line_since = None;
         }
     }
 }
@@ -296,8 +346,10 @@ impl State {
 /// The virtual clock of the tenants' requests (see the module doc).
 #[derive(Debug, Default)]
 struct Fair {
-    /// `V`: the largest fair start admitted (`None` until the first
-    /// tenant's request waits).
+    /// The largest fair start admitted, never behind `now - aging`, moved
+    /// up to now when no tenant's request waits (`None` until the first
+    /// tenant's request waits). A level's `V` is this, but never past the
+    /// smallest fair start waiting at that level ([`Fair::clock_at`]).
     clock: Option<Instant>,
     /// Tenants with requests waiting here, or whose `last_T` is ahead of
     /// the clock.
@@ -307,10 +359,21 @@ struct Fair {
     /// `s`: ns between two admissions while requests wait, per request
     /// (a moving average; 0 before the first measure).
     interval_ns: u64,
+    /// Measures taken into `interval_ns` (up to [`WARM_UP`]): the first
+    /// ones are averaged evenly, so a wrong first one is soon forgotten.
+    samples: u32,
     /// When the line last gave a run while others still waited, and how
     /// many requests that run served (its leader and the members taken).
     last_grant: Option<(Instant, u32)>,
+    /// When the first of the requests waiting now came, until the line
+    /// gives a run (before the first measure, the time it waited for
+    /// the runs in progress is the estimate: see [`Fair::granted`]).
+    line_since: Option<Instant>,
 }
+
+/// The measures of the interval between admissions averaged evenly before
+/// the moving average takes over.
+const WARM_UP: u32 = 8;
 
 /// One tenant's place on a queue's fair clock.
 #[derive(Debug)]
@@ -322,14 +385,62 @@ struct TenantClock {
     weight: u32,
     /// `last_T`: the earliest fair start of its next request.
     next: Instant,
-    /// Its requests waiting here: (seq, fair start).
-    waiting: Vec<(u64, Instant)>,
+    /// The least `next` may go back to when a waiting request gives its
+    /// step back, if a request served after it bounds it (see
+    /// [`Queued::floor`]).
+    next_floor: Option<Instant>,
+    /// Its requests waiting here, in arrival order.
+    waiting: Vec<Queued>,
+}
+
+/// A tenant's request waiting in line, on the fair clock.
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    seq: u64,
+    /// Its priority level.
+    level: u8,
+    /// Its fair start.
+    start: Instant,
+    /// How far it moved its tenant's `last_T` on: given back if it
+    /// leaves unserved.
+    step: Duration,
+    /// The least its start may go back to when an earlier request of its
+    /// tenant leaves unserved: its level's clock when it came (and the
+    /// least start of each request of its tenant served since, plus its
+    /// step: the start it would have had without the one that left).
+    floor: Instant,
 }
 
 impl Fair {
-    /// The fair start of request `seq` of `tenant` arriving `now` (it
-    /// joins the line), and `last_T` moved on.
-    fn join(&mut self, tenant: &Tenant, seq: u64, now: Instant, aging: Duration) -> Instant {
+    /// The clock `V` of level `level`: the stored clock, but never past
+    /// the smallest fair start waiting at that level; and the same over
+    /// all levels (below which a tenant starts at any level's clock).
+    fn clock_at(&self, level: u8) -> (Option<Instant>, Option<Instant>) {
+        let mut at_level: Option<Instant> = None;
+        let mut any: Option<Instant> = None;
+        for q in self.tenants.iter().flat_map(|t| &t.waiting) {
+            any = Some(any.map_or(q.start, |m| m.min(q.start)));
+            if q.level == level {
+                at_level = Some(at_level.map_or(q.start, |m| m.min(q.start)));
+            }
+        }
+        let cap = |m: Option<Instant>| match (self.clock, m) {
+            (Some(c), Some(m)) => Some(c.min(m)),
+            (c, m) => c.or(m),
+        };
+        (cap(at_level), cap(any))
+    }
+
+    /// The fair start of request `seq` of `tenant` at priority `level`
+    /// arriving `now` (it joins the line), and `last_T` moved on.
+    fn join(
+        &mut self,
+        tenant: &Tenant,
+        seq: u64,
+        level: u8,
+        now: Instant,
+        aging: Duration,
+    ) -> Instant {
         let floor = if self.active_weight == 0 {
             // No tenant's request waits here: the clock starts again from
             // now (a busy period begins).
@@ -337,15 +448,17 @@ impl Fair {
         } else {
             now.checked_sub(aging)
         };
-        let clock = match (self.clock, floor) {
-            (Some(c), Some(f)) => c.max(f),
-            (c, f) => c.or(f).unwrap_or(now),
+        self.clock = match (self.clock, floor) {
+            (Some(c), Some(f)) => Some(c.max(f)),
+            (c, f) => Some(c.or(f).unwrap_or(now)),
         };
-        self.clock = Some(clock);
-        // Nothing waiting and no longer ahead of the clock: it would start
-        // at the clock anyway.
+        let (clock, lowest) = self.clock_at(level);
+        let clock = clock.unwrap_or(now);
+        let lowest = lowest.unwrap_or(clock);
+        // Nothing waiting and no longer ahead of any level's clock: it
+        // would start at the clock anyway.
         self.tenants
-            .retain(|t| !t.waiting.is_empty() || t.next > clock);
+            .retain(|t| !t.waiting.is_empty() || t.next > lowest);
         let i = match self
             .tenants
             .iter()
@@ -357,6 +470,7 @@ impl Fair {
                     usage: tenant.usage.clone(),
                     weight: tenant.weight,
                     next: clock,
+                    next_floor: None,
                     waiting: Vec::new(),
                 });
                 self.tenants.len() - 1
@@ -380,42 +494,119 @@ impl Fair {
         let step_ns = s * u128::from(self.active_weight) / u128::from(weight);
         let step = Duration::from_nanos(u64::try_from(step_ns).unwrap_or(u64::MAX)).min(MAX_STEP);
         t.next = start.checked_add(step).unwrap_or(start);
-        t.waiting.push((seq, start));
+        // The least its start may go back to (`next_floor` ≤ `next`, so
+        // at most `start`); `last_T` now follows it.
+        let floor = t.next_floor.take().map_or(clock, |f| f.max(clock));
+        t.waiting.push(Queued {
+            seq,
+            level,
+            start,
+            step,
+            floor,
+        });
         start
     }
 
     /// Request `seq` left the line (`served`: admitted or taken into a
-    /// batch, and then the clock moves up to its fair start). Nothing for
-    /// a request without a tenant.
-    fn left(&mut self, seq: u64, served: bool) {
-        for t in &mut self.tenants {
-            let Some(i) = t.waiting.iter().position(|&(s, _)| s == seq) else {
-                continue;
-            };
-            let (_, start) = t.waiting.swap_remove(i);
-            t.usage.queued.fetch_sub(1, Ordering::AcqRel);
-            if t.waiting.is_empty() {
-                self.active_weight = self.active_weight.saturating_sub(u64::from(t.weight));
+    /// batch, and then the clock moves up to its fair start). Unserved
+    /// (timed out), it gives its step back: its tenant's later requests
+    /// in line move back by it (their turns in `waiters` with them), as
+    /// far as their floors allow, and so does `last_T`. Nothing for a
+    /// request without a tenant.
+    fn left(&mut self, seq: u64, served: bool, waiters: &mut [Waiter]) {
+        let Some((ti, i)) = self.tenants.iter().enumerate().find_map(|(ti, t)| {
+            let i = t.waiting.iter().position(|q| q.seq == seq)?;
+            Some((ti, i))
+        }) else {
+            return;
+        };
+        // Its tenant's later requests in line may move back, but never
+        // behind their level's clock as it is now (it never goes back
+        // while requests wait: a request that started at it keeps its
+        // place).
+        let mut clocks: Vec<(u8, Instant)> = Vec::new();
+        if !served {
+            for level in self.tenants[ti].waiting[i + 1..].iter().map(|q| q.level) {
+                if !clocks.iter().any(|&(l, _)| l == level) {
+                    if let (Some(c), _) = self.clock_at(level) {
+                        clocks.push((level, c));
+                    }
+                }
             }
-            if served {
-                self.clock = Some(self.clock.map_or(start, |c| c.max(start)));
+        }
+        let t = &mut self.tenants[ti];
+        let gone = t.waiting.remove(i);
+        t.usage.queued.fetch_sub(1, Ordering::AcqRel);
+        if t.waiting.is_empty() {
+            self.active_weight = self.active_weight.saturating_sub(u64::from(t.weight));
+        }
+        if served {
+            self.clock = Some(self.clock.map_or(gone.start, |c| c.max(gone.start)));
+            // Should an earlier request of its tenant give its step back
+            // later, the next one cannot go back past where it would start
+            // after this one at its least.
+            let least = gone.floor.checked_add(gone.step).unwrap_or(gone.floor);
+            match t.waiting.get_mut(i) {
+                Some(q) => q.floor = q.floor.max(least),
+                None => t.next_floor = Some(t.next_floor.map_or(least, |f| f.max(least))),
             }
             return;
         }
+        // How far the next one in the tenant's chain moves back.
+        let mut back = gone.step;
+        for q in &mut t.waiting[i..] {
+            if back.is_zero() {
+                break;
+            }
+            let least = clocks
+                .iter()
+                .find(|&&(l, _)| l == q.level)
+                .map_or(q.floor, |&(_, c)| q.floor.max(c))
+                .min(q.start);
+            let to = q.start.checked_sub(back).map_or(least, |s| s.max(least));
+            back = q.start - to;
+            if !back.is_zero() {
+                q.start = to;
+                if let Some(w) = waiters.iter_mut().find(|w| w.seq == q.seq) {
+                    w.turn = w.turn.checked_sub(back).unwrap_or(w.turn);
+                }
+            }
+        }
+        let to = t.next.checked_sub(back).unwrap_or(t.next);
+        t.next = t.next_floor.map_or(to, |f| to.max(f.min(t.next)));
     }
 
-    /// The line gave a run at `now`; `others_wait`: requests still wait
-    /// after it (then the time to the next one measures the model).
-    fn granted(&mut self, now: Instant, others_wait: bool) {
+    /// The line gave a run at `now` (of `concurrency` at once);
+    /// `others_wait`: requests still wait after it (then the time to the
+    /// next one measures the model). Before the first measure, the time
+    /// the line waited for this run, over `concurrency`, stands in for
+    /// one when it is longer than what stands in now (a run lasts at
+    /// least that long): so a model much slower than the 1 ms default is
+    /// known from its first admission, not its second.
+    fn granted(&mut self, now: Instant, others_wait: bool, concurrency: usize) {
+        if let (Some(since), 0) = (self.line_since.take(), self.samples) {
+            let ns = u64::try_from(now.saturating_duration_since(since).as_nanos())
+                .unwrap_or(u64::MAX)
+                / u64::try_from(concurrency.max(1)).unwrap_or(1);
+            let ns = ns.clamp(MIN_INTERVAL_NS, MAX_INTERVAL_NS);
+            let now_ns = match self.interval_ns {
+                0 => u64::try_from(DEFAULT_INTERVAL.as_nanos()).unwrap_or(0),
+                ns => ns,
+            };
+            if ns > now_ns {
+                self.interval_ns = ns;
+            }
+        }
         if let Some((then, served)) = self.last_grant {
             let ns = u64::try_from(now.saturating_duration_since(then).as_nanos())
                 .unwrap_or(u64::MAX)
                 / u64::from(served.max(1));
             let ns = ns.clamp(MIN_INTERVAL_NS, MAX_INTERVAL_NS);
-            self.interval_ns = match self.interval_ns {
-                0 => ns,
-                old => old - old / 8 + ns / 8,
-            };
+            self.samples = (self.samples + 1).min(WARM_UP);
+            // The mean of the measures so far, then a moving average
+            // (each new measure weighs 1/8).
+            let n = u64::from(self.samples);
+            self.interval_ns = self.interval_ns - self.interval_ns / n + ns / n;
         }
         self.last_grant = others_wait.then_some((now, 1));
     }
@@ -633,12 +824,14 @@ impl ModelQueue {
             !take
         });
         for seq in taken_seqs {
-            s.fair.left(seq, true);
+            let State { fair, waiters, .. } = &mut *s;
+            fair.left(seq, true, waiters);
         }
         // The run that took them served them too (for the interval
         // between admissions).
         if s.waiters.is_empty() {
             s.fair.last_grant = None;
+            s.fair.line_since = None;
         } else if let Some((_, served)) = &mut s.fair.last_grant {
             *served = served.saturating_add(u32::try_from(taken.len()).unwrap_or(u32::MAX));
         }
@@ -809,7 +1002,7 @@ impl ModelQueue {
         let seq = s.next_seq;
         let start = match tenant {
             None => arrived,
-            Some(t) => s.fair.join(t, seq, arrived, p.aging),
+            Some(t) => s.fair.join(t, seq, level, arrived, p.aging),
         };
         let me = Waiter {
             seq,
@@ -820,6 +1013,9 @@ impl ModelQueue {
         };
         let deadline = me.deadline;
         s.next_seq += 1;
+        if s.waiters.is_empty() {
+            s.fair.line_since = Some(arrived);
+        }
         s.waiters.push(me);
         if member.is_some() && s.gathering > 0 {
             // A leader waiting for members may take this one.
@@ -891,7 +1087,7 @@ impl ModelQueue {
         };
         s.remove(seq, true);
         let others_wait = !s.waiters.is_empty();
-        s.fair.granted(admitted_at, others_wait);
+        s.fair.granted(admitted_at, others_wait, self.concurrency);
         // The next waiter may be admissible too (concurrency > 1).
         self.wake_best(&s);
         Ok(true)
@@ -1333,6 +1529,22 @@ mod tests {
         h
     }
 
+    /// [`tenant_waiter`] that runs `f`.
+    fn tenant_waiter_with(
+        q: &Arc<ModelQueue>,
+        ask: Ask,
+        tenant: &Arc<Tenant>,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::thread::JoinHandle<Result<(), Refused>> {
+        let seen = |s: QueueStats| s.waiting as u64 + s.timed_out;
+        let before = seen(q.stats());
+        let (q2, tenant) = (q.clone(), tenant.clone());
+        let h =
+            std::thread::spawn(move || q2.run_for(ask, Some(&tenant), &mut Timeline::default(), f));
+        wait_stats(q, |s| seen(s) == before + 1);
+        h
+    }
+
     fn queued(t: &Tenant) -> u32 {
         t.usage.queued.load(Ordering::SeqCst)
     }
@@ -1539,6 +1751,309 @@ mod tests {
         let mean = ahead.iter().sum::<usize>() as f64 / ahead.len() as f64;
         assert!(mean <= 3.0, "a's runs ahead of each of b's: {ahead:?}");
         assert_eq!((queued(&a), queued(&b)), (0, 0));
+    }
+
+    const THREE: &str =
+        "[[tenant]]\nname = \"a\"\nuids = [1]\n[[tenant]]\nname = \"b\"\nuids = [2]\n\
+                         [[tenant]]\nname = \"h\"\nuids = [3]\n";
+
+    /// The position (from 0) of `tag` in `order`.
+    fn place(order: &[&'static str], tag: &str) -> usize {
+        order.iter().position(|&x| x == tag).expect("it ran")
+    }
+
+    #[test]
+    fn a_higher_levels_admissions_do_not_push_a_lower_level_newcomer_back() {
+        // a has 10 requests waiting at level 2, h 10 at level 1; h's run
+        // first, then a's first holds the model. b arriving at level 2
+        // then starts where a's next one does, not behind all of a's: the
+        // admissions of h (level 1) moved the clock past a's starts, but
+        // a level's clock never passes the starts waiting at that level.
+        let t = tenants(THREE);
+        let (a, b, h) = (tenant_of(&t, 1), tenant_of(&t, 2), tenant_of(&t, 3));
+        let (q, tx, holder) = held(QueuePolicy {
+            priority_levels: 2,
+            default_priority: 2,
+            ..no_aging()
+        });
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+        let gate = Arc::new(Mutex::new(Some(gate_rx)));
+        let mut ws = Vec::new();
+        for _ in 0..10 {
+            let (order, gate) = (order.clone(), gate.clone());
+            ws.push(tenant_waiter_with(&q, at(2), &a, move || {
+                order.lock().unwrap().push("a");
+                // The first of a's to run holds the model.
+                let rx = gate.lock().unwrap().take();
+                if let Some(rx) = rx {
+                    let _ = rx.recv();
+                }
+            }));
+        }
+        for _ in 0..10 {
+            ws.push(tenant_waiter(&q, at(1), &h, "h", &order));
+        }
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        // h's 10, then a's first (holding the model).
+        let t0 = Instant::now();
+        while order.lock().unwrap().len() < 11 {
+            assert!(t0.elapsed().as_secs() < 10, "stuck: {:?}", order);
+            std::thread::yield_now();
+        }
+        ws.push(tenant_waiter(&q, at(2), &b, "b", &order));
+        gate_tx.send(()).unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        let order = order.lock().unwrap();
+        assert_eq!(
+            order[..11],
+            ["h"; 10].iter().chain(&["a"]).copied().collect::<Vec<_>>()[..]
+        );
+        // At most one of a's between a's running one and b.
+        let b_at = place(&order, "b");
+        assert!(b_at <= 12, "b admitted {}th of 21: {order:?}", b_at + 1);
+        assert_eq!((queued(&a), queued(&b), queued(&h)), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_request_that_times_out_in_line_gives_its_tenant_its_step_back() {
+        // a has 20 requests waiting; b sends 10 that time out in line, then
+        // one more: it starts where a's first one does (as if the 10 had
+        // never come), not behind all of a's.
+        let t = tenants(TWO);
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let (q, tx, holder) = held(no_aging());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut ws: Vec<_> = (0..20)
+            .map(|_| tenant_waiter(&q, Ask::default(), &a, "a", &order))
+            .collect();
+        let late = Ask {
+            priority: 0,
+            timeout: Some(Duration::from_millis(1)),
+        };
+        let gone: Vec<_> = (0..10)
+            .map(|_| tenant_waiter(&q, late, &b, "b late", &order))
+            .collect();
+        for g in gone {
+            assert!(matches!(g.join().unwrap(), Err(Refused::Timeout { .. })));
+        }
+        assert_eq!(q.stats().timed_out, 10);
+        ws.push(tenant_waiter(&q, Ask::default(), &b, "b", &order));
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        let order = order.lock().unwrap();
+        assert!(!order.contains(&"b late"));
+        let b_at = place(&order, "b");
+        assert!(b_at <= 1, "b admitted {}th of 21: {order:?}", b_at + 1);
+        assert_eq!((queued(&a), queued(&b)), (0, 0));
+    }
+
+    #[test]
+    fn a_later_request_of_the_tenant_moves_up_when_an_earlier_one_times_out() {
+        // b's two requests wait; the first times out: the second moves to
+        // where the first was (ahead of a's later ones).
+        let t = tenants(TWO);
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let (q, tx, holder) = held(no_aging());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // (Usually it times out after the others came; if not, b's next
+        // one starts at V when it comes.)
+        let late = Ask {
+            priority: 0,
+            timeout: Some(Duration::from_millis(100)),
+        };
+        // b: starts V (times out) and V + 1 step; a: V, V + 2 steps, ...
+        let gone = tenant_waiter(&q, late, &b, "b late", &order);
+        let mut ws = vec![tenant_waiter(&q, Ask::default(), &b, "b", &order)];
+        ws.extend((0..10).map(|_| tenant_waiter(&q, Ask::default(), &a, "a", &order)));
+        assert!(matches!(gone.join().unwrap(), Err(Refused::Timeout { .. })));
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        let order = order.lock().unwrap();
+        // b now starts at V, as a's first; it came first.
+        assert_eq!(place(&order, "b"), 0, "{order:?}");
+        assert_eq!((queued(&a), queued(&b)), (0, 0));
+    }
+
+    #[test]
+    fn the_aging_floor_never_lifts_the_clock_past_starts_still_waiting() {
+        // Aging 1 ms: once 20 ms have passed, `now - aging` is past every
+        // start a's 10 requests got (1 ms apart: the interval was not
+        // measured yet). b arriving then must not start behind them all.
+        let t = tenants(TWO);
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let (q, tx, holder) = held(QueuePolicy {
+            aging: Duration::from_millis(1),
+            ..QueuePolicy::default()
+        });
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut ws: Vec<_> = (0..10)
+            .map(|_| tenant_waiter(&q, Ask::default(), &a, "a", &order))
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        ws.push(tenant_waiter(&q, Ask::default(), &b, "b", &order));
+        tx.send(()).unwrap();
+        holder.join().unwrap();
+        for w in ws {
+            assert_eq!(w.join().unwrap(), Ok(()));
+        }
+        let order = order.lock().unwrap();
+        let b_at = place(&order, "b");
+        assert!(b_at <= 1, "b admitted {}th of 11: {order:?}", b_at + 1);
+    }
+
+    /// A waiter in line at `turn` (for [`Fair`] alone).
+    fn line_waiter(seq: u64, turn: Instant) -> Waiter {
+        Waiter {
+            seq,
+            turn,
+            deadline: None,
+            member: None,
+            wake: Arc::new(Condvar::new()),
+        }
+    }
+
+    /// The fair starts of `tenant`'s requests waiting in `f`.
+    fn starts(f: &Fair, tenant: &Tenant) -> Vec<(u64, Instant)> {
+        f.tenants
+            .iter()
+            .find(|t| Arc::ptr_eq(&t.usage, &tenant.usage))
+            .map(|t| t.waiting.iter().map(|q| (q.seq, q.start)).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_step_given_back_moves_the_tenants_later_requests_and_turns_back() {
+        let t = tenants(TWO);
+        let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let hour = Duration::from_secs(3600);
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut f = Fair {
+            interval_ns: 1_000_000,
+            samples: WARM_UP,
+            ..Fair::default()
+        };
+        let mut line = Vec::new();
+        // b alone: steps of 1 ms; then a beside it: steps of 2 ms.
+        for (seq, who) in [(0, &b), (1, &b), (2, &b), (3, &a), (4, &a)] {
+            let start = f.join(who, seq, 1, t0, hour);
+            line.push(line_waiter(seq, start));
+        }
+        assert_eq!(starts(&f, &b), [(0, t0), (1, t0 + ms(1)), (2, t0 + ms(2))]);
+        assert_eq!(starts(&f, &a), [(3, t0), (4, t0 + ms(2))]);
+        // b's second times out: its third takes its place, and its next
+        // request starts a step earlier.
+        line.retain(|w| w.seq != 1);
+        f.left(1, false, &mut line);
+        assert_eq!(starts(&f, &b), [(0, t0), (2, t0 + ms(1))]);
+        assert_eq!(line.iter().find(|w| w.seq == 2).unwrap().turn, t0 + ms(1));
+        // Its first is served, then its third times out: back to where
+        // the first put it.
+        line.retain(|w| w.seq != 0);
+        f.left(0, true, &mut line);
+        line.retain(|w| w.seq != 2);
+        f.left(2, false, &mut line);
+        assert_eq!(f.join(&b, 5, 1, t0, hour), t0 + ms(1));
+        // a's are where they were.
+        assert_eq!(starts(&f, &a), [(3, t0), (4, t0 + ms(2))]);
+    }
+
+    #[test]
+    fn a_step_given_back_passes_a_served_request_only_as_far_as_it_could_go() {
+        let t = tenants(TWO);
+        let b = tenant_of(&t, 2);
+        let hour = Duration::from_secs(3600);
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut f = Fair {
+            interval_ns: 1_000_000,
+            samples: WARM_UP,
+            ..Fair::default()
+        };
+        let mut line = Vec::new();
+        // Level 2 at 0 ms; level 1 when the aging floor has lifted the
+        // clock to 5 ms: at 5 ms; level 2 again: at 6 ms.
+        for (seq, level, now) in [(0, 2, t0), (1, 1, t0 + hour + ms(5)), (2, 2, t0 + hour)] {
+            let start = f.join(&b, seq, level, now, hour);
+            line.push(line_waiter(seq, start));
+        }
+        assert_eq!(starts(&f, &b), [(0, t0), (1, t0 + ms(5)), (2, t0 + ms(6))]);
+        // The level-1 one is served; then the first times out: the third
+        // stays at 6 ms (had the first never come, the second would still
+        // have started at 5 ms), not 5.
+        line.retain(|w| w.seq != 1);
+        f.left(1, true, &mut line);
+        line.retain(|w| w.seq != 0);
+        f.left(0, false, &mut line);
+        assert_eq!(starts(&f, &b), [(2, t0 + ms(6))]);
+        assert_eq!(line[0].turn, t0 + ms(6));
+    }
+
+    #[test]
+    fn a_step_given_back_never_moves_a_request_behind_its_levels_clock() {
+        // a: level 2 at 0 ms, level 1 at 1 and 2 ms. c arrives at level 1
+        // when the aging floor has lifted the clock past 1 ms: level 1's
+        // clock is 1 ms (a's smallest start there), and c starts there.
+        // a's level-2 one timing out then must not move a's level-1 ones
+        // ahead of c's start (two of a's before c).
+        let t = tenants(THREE);
+        let (a, c) = (tenant_of(&t, 1), tenant_of(&t, 2));
+        let aging = Duration::from_secs(3600);
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut f = Fair {
+            interval_ns: 1_000_000,
+            samples: WARM_UP,
+            ..Fair::default()
+        };
+        let mut line = Vec::new();
+        for (seq, level) in [(0, 2), (1, 1), (2, 1)] {
+            let start = f.join(&a, seq, level, t0, aging);
+            line.push(line_waiter(seq, start));
+        }
+        let start = f.join(&c, 3, 1, t0 + aging + ms(5), aging);
+        assert_eq!(start, t0 + ms(1));
+        line.push(line_waiter(3, start));
+        line.retain(|w| w.seq != 0);
+        f.left(0, false, &mut line);
+        assert_eq!(starts(&f, &a), [(1, t0 + ms(1)), (2, t0 + ms(2))]);
+    }
+
+    #[test]
+    fn the_interval_is_known_from_the_first_admission_and_averaged_at_first() {
+        let t = tenants(TWO);
+        let a = tenant_of(&t, 1);
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        // The line formed at 0; the run in progress ended at 20 ms: a run
+        // takes at least 20 ms, not the 1 ms default.
+        let mut f = Fair {
+            line_since: Some(t0),
+            ..Fair::default()
+        };
+        f.granted(t0 + ms(20), true, 1);
+        assert_eq!(f.interval_ns, 20_000_000);
+        let v = f.join(&a, 0, 1, t0 + ms(20), Duration::from_secs(3600));
+        assert_eq!(
+            f.join(&a, 1, 1, t0 + ms(20), Duration::from_secs(3600)),
+            v + ms(20)
+        );
+        // Measures then replace it, averaged evenly at first: 30, then
+        // (30 + 10) / 2.
+        f.granted(t0 + ms(50), true, 1);
+        assert_eq!(f.interval_ns, 30_000_000);
+        f.granted(t0 + ms(60), true, 1);
+        assert_eq!(f.interval_ns, 20_000_000);
     }
 
     #[test]
