@@ -203,6 +203,7 @@ fn compare_inproc_unix_tcp_bit_identical_to_local() {
             model_name: "classifier".into(),
             model_path: model.clone(),
             intra_threads: 2,
+            intra_spinning: false,
             serve_exe: tensorwire_bin(),
             spin_us: None,
         },

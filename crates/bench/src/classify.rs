@@ -57,6 +57,7 @@ pub fn run(
             model_name: MODEL.into(),
             model_path: model.clone(),
             intra_threads: env.intra_threads,
+            intra_spinning: engine::DEFAULT_INTRA_SPINNING,
             serve_exe: env.exe.clone(),
             spin_us: env.spin.map(|d| d.as_micros() as u64),
         },

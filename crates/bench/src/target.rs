@@ -399,6 +399,7 @@ fn agent_spec(workload: &Workload, env: &BenchEnv) -> AgentSpec {
         model_name: workload.model_name().to_string(),
         model_path: workload.model_path().map(PathBuf::from).unwrap_or_default(),
         intra_threads: env.intra_threads,
+        intra_spinning: engine::DEFAULT_INTRA_SPINNING,
         serve_exe: env.exe.clone(),
         spin_us: env.spin.map(|d| d.as_micros() as u64),
     }

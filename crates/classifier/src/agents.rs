@@ -56,6 +56,9 @@ pub struct AgentSpec {
     pub model_path: PathBuf,
     /// ONNX Runtime intra-op threads.
     pub intra_threads: usize,
+    /// Whether ONNX Runtime's intra-op threads spin after a run
+    /// (`serve --intra-spinning on|off`; `local` uses the same).
+    pub intra_spinning: bool,
     /// The `tensorwire` binary whose `serve` runs child agents.
     pub serve_exe: PathBuf,
     /// The agent's poll budget in µs for socket and shared-memory sessions
@@ -79,6 +82,32 @@ pub enum RunningAgent {
 
 static INPROC_SEQ: AtomicU64 = AtomicU64::new(0);
 
+impl AgentSpec {
+    /// The model as an agent's `[[model]]` entry.
+    pub fn model_config(&self) -> ModelConfig {
+        ModelConfig::new(self.model_name.clone(), self.model_path.clone())
+    }
+
+    /// The configuration of an agent serving this model on `listen`: what
+    /// an embedded agent runs with, and what a child agent's `serve` flags
+    /// ([`AgentProcess::serve`]) amount to.
+    pub fn agent_config(&self, listen: Vec<Endpoint>) -> AgentConfig {
+        AgentConfig {
+            listen,
+            models: vec![self.model_config()],
+            intra_threads: self.intra_threads,
+            intra_spinning: self.intra_spinning,
+            ..AgentConfig::default()
+        }
+    }
+
+    /// The ONNX Runtime options an agent loads this model with, for running
+    /// the engine without an agent the same way (`local`).
+    pub fn ort_options(&self) -> engine::OrtOptions {
+        server::registry::ort_options(&self.model_config(), &self.agent_config(Vec::new()))
+    }
+}
+
 impl RunningAgent {
     /// Starts an agent for `transport` serving `spec`'s model; `config`
     /// names the configuration in errors.
@@ -94,15 +123,7 @@ impl RunningAgent {
                     std::process::id(),
                     INPROC_SEQ.fetch_add(1, Ordering::Relaxed)
                 );
-                let cfg = AgentConfig {
-                    listen: vec![Endpoint::Inproc(name.clone())],
-                    models: vec![ModelConfig::new(
-                        spec.model_name.clone(),
-                        spec.model_path.clone(),
-                    )],
-                    intra_threads: spec.intra_threads,
-                    ..AgentConfig::default()
-                };
+                let cfg = spec.agent_config(vec![Endpoint::Inproc(name.clone())]);
                 let agent =
                     Agent::start(cfg).map_err(|e| ClassifierError::agent(config, e.to_string()))?;
                 Ok(RunningAgent::Embedded {
@@ -160,7 +181,8 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     /// Runs `SPEC.serve_exe serve --model NAME=PATH --listen URI
-    /// --intra-threads N [--socket-spin-us US --shm-spin-us US]` for
+    /// --intra-threads N --intra-spinning on|off [--socket-spin-us US
+    /// --shm-spin-us US]` for
     /// `transport` (Unix, TCP or shared memory), and waits (at most
     /// [`START_TIMEOUT`]) until it prints `listening on URI`.
     pub fn serve(
@@ -196,6 +218,8 @@ impl AgentProcess {
             listen.into(),
             "--intra-threads".into(),
             spec.intra_threads.to_string().into(),
+            "--intra-spinning".into(),
+            if spec.intra_spinning { "on" } else { "off" }.into(),
         ];
         if let Some(us) = spec.spin_us {
             for flag in ["--socket-spin-us", "--shm-spin-us"] {

@@ -105,7 +105,7 @@ pub struct Workload<'a> {
 
 /// Runs the lines through the engine called directly (`local`).
 pub fn run_local(w: &Workload<'_>) -> Result<RunReport, ClassifierError> {
-    let mut target = LocalTarget::load(&w.agent.model_path, w.agent.intra_threads)?;
+    let mut target = LocalTarget::load(&w.agent.model_path, &w.agent.ort_options())?;
     run::run_lines(
         LOCAL,
         &mut target,
@@ -365,16 +365,19 @@ pub fn self_cpu_ns() -> u64 {
 /// configurations alike. `progress` is told when each pass is done. The
 /// agents are stopped at the end (killed on any error, never left running).
 ///
-/// Every engine stays loaded throughout: with more than one intra-op thread,
-/// ONNX Runtime's pool workers spin after each run, and the idle engines'
-/// spinning workers then compete with the busy one for the cores.
+/// Every engine stays loaded throughout: with more than one intra-op thread
+/// and [`AgentSpec::intra_spinning`] on, ONNX Runtime's pool workers spin
+/// after each run, and the idle engines' spinning workers then compete with
+/// the busy one for the cores (`tensorwire classify` turns it off). `local`
+/// is loaded first, with the options the agents get
+/// ([`AgentSpec::ort_options`]).
 pub fn run_interleaved(
     configs: &[ConfigSpec],
     w: &Workload<'_>,
     repeats: usize,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Interleaved, ClassifierError> {
-    let mut local = LocalTarget::load(&w.agent.model_path, w.agent.intra_threads)?;
+    let mut local = LocalTarget::load(&w.agent.model_path, &w.agent.ort_options())?;
     run::check_target(&local, w.labels)?;
     let mut agents: Vec<RunningAgent> = Vec::new();
     let result = (|| {

@@ -24,7 +24,7 @@
 //! let model = "models/build/tweet_classifier.onnx".as_ref();
 //! let labels = Labels::for_model(model)?;
 //! let lines = run::read_lines("examples/classifier/tweets.txt".as_ref())?;
-//! let mut local = run::LocalTarget::load(model, 2)?;
+//! let mut local = run::LocalTarget::load(model, &engine::OrtOptions::default())?;
 //! let report = run::run_lines("local", &mut local, &tok, &labels, &lines, &mut |_| {})?;
 //! println!("average after the 4th line: {:?} ms", report.avg_ms());
 //! # Ok::<(), classifier::ClassifierError>(())

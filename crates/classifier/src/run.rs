@@ -235,14 +235,12 @@ pub struct LocalTarget {
 }
 
 impl LocalTarget {
-    /// Loads the model at `path` into ONNX Runtime with `intra_threads`
-    /// intra-op threads (one session). Errors name the file.
-    pub fn load(path: &Path, intra_threads: usize) -> Result<LocalTarget, ClassifierError> {
-        let opts = OrtOptions {
-            intra_threads,
-            ..OrtOptions::default()
-        };
-        let backend = OrtBackend::load("local", path, &opts)?;
+    /// Loads the model at `path` into ONNX Runtime with `opts`: for a fair
+    /// baseline, the options an agent would load it with
+    /// ([`AgentSpec::ort_options`](crate::agents::AgentSpec::ort_options)).
+    /// Errors name the file.
+    pub fn load(path: &Path, opts: &OrtOptions) -> Result<LocalTarget, ClassifierError> {
+        let backend = OrtBackend::load("local", path, opts)?;
         let plan = Plan::new(backend.signature()).map_err(|e| match e {
             ClassifierError::Model { reason, .. } => ClassifierError::Model {
                 model: path.display().to_string(),

@@ -17,7 +17,7 @@ mod view;
 
 pub use error::EngineError;
 pub use identity::IdentityBackend;
-pub use ort_backend::{OrtBackend, OrtOptions};
+pub use ort_backend::{OrtBackend, OrtOptions, DEFAULT_INTRA_SPINNING};
 pub use ort_runtime::{
     find_onnxruntime, init_onnxruntime, onnxruntime_info, OrtRuntimeInfo, ORT_DYLIB_ENV,
 };

@@ -40,6 +40,10 @@ use crate::{
     check_against_signature, ort_runtime, Backend, EngineError, Output, OutputData, TensorView,
 };
 
+/// Whether intra-op threads spin after a run unless told otherwise
+/// ([`OrtOptions::intra_spinning`]).
+pub const DEFAULT_INTRA_SPINNING: bool = true;
+
 /// How a model is loaded into ONNX Runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OrtOptions {
@@ -47,6 +51,14 @@ pub struct OrtOptions {
     /// pool; 0 lets ONNX Runtime pick one per core). Unused when
     /// [`init_onnxruntime`](crate::init_onnxruntime) set up a global pool.
     pub intra_threads: usize,
+    /// Whether the intra-op pool's threads spin for a while after a run
+    /// before they sleep (ONNX Runtime's `session.intra_op.allow_spinning`,
+    /// on in ONNX Runtime itself). Spinning saves their wake-up at the start
+    /// of the next operator, but burns a core per thread meanwhile, which
+    /// other engines and processes on a small machine then lack. Only
+    /// matters with more than one intra-op thread; unused, like
+    /// `intra_threads`, under a global pool.
+    pub intra_spinning: bool,
     /// Threads one run may use to execute independent operators at once
     /// (only matters for graphs with parallel branches).
     pub inter_threads: usize,
@@ -57,10 +69,12 @@ pub struct OrtOptions {
 }
 
 impl Default for OrtOptions {
-    /// Two intra-op threads, one inter-op thread, one session.
+    /// Two intra-op threads (spinning as [`DEFAULT_INTRA_SPINNING`]), one
+    /// inter-op thread, one session.
     fn default() -> Self {
         OrtOptions {
             intra_threads: 2,
+            intra_spinning: DEFAULT_INTRA_SPINNING,
             inter_threads: 1,
             sessions: 1,
         }
@@ -128,6 +142,7 @@ impl OrtBackend {
         let n_sessions = opts.sessions.max(1);
         let mut builder = Session::builder(env)
             .and_then(|b| Ok(b.with_intra_threads(opts.intra_threads)?))
+            .and_then(|b| Ok(b.with_intra_op_spinning(opts.intra_spinning)?))
             .and_then(|b| Ok(b.with_inter_threads(opts.inter_threads.max(1))?))
             .map_err(|e| load_err(format!("cannot configure a session: {e}")))?;
         if n_sessions > 1 {
@@ -1027,6 +1042,7 @@ mod tests {
             OrtOptions::default(),
             OrtOptions {
                 intra_threads: 2,
+                intra_spinning: DEFAULT_INTRA_SPINNING,
                 inter_threads: 1,
                 sessions: 1
             }

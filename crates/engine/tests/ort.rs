@@ -232,9 +232,34 @@ fn misaligned_input_is_realigned_not_rejected() {
 }
 
 #[test]
+fn intra_op_spinning_on_and_off_load_and_agree() {
+    // ONNX Runtime takes the session config entry either way (a key it did
+    // not know would fail the load), and the results do not depend on it.
+    let mut logits = Vec::new();
+    for spinning in [false, true] {
+        let d = digits(&OrtOptions {
+            intra_threads: 2,
+            intra_spinning: spinning,
+            ..OrtOptions::default()
+        });
+        let buf = aligned_f32(&d.input);
+        let inputs = [TensorView::new(DType::F32, &[4, 64], &buf)];
+        let out = d.backend.run(&inputs).expect("run");
+        let got = output_f32(&out[0], &inputs);
+        assert!(
+            max_abs_diff(&got, &d.expected) <= 1e-4,
+            "spinning {spinning}"
+        );
+        logits.push(got);
+    }
+    assert_eq!(logits[0], logits[1]);
+}
+
+#[test]
 fn concurrent_runs_share_a_session_pool() {
     let d = Arc::new(digits(&OrtOptions {
         intra_threads: 1,
+        intra_spinning: true,
         inter_threads: 1,
         sessions: 2,
     }));

@@ -92,6 +92,9 @@ pub struct RepositoryOptions {
     pub load_at_start: Vec<String>,
     /// ONNX Runtime intra-op threads per run (0: ONNX Runtime decides).
     pub intra_threads: usize,
+    /// Whether the intra-op threads spin after a run before they sleep
+    /// (`engine::OrtOptions::intra_spinning`).
+    pub intra_spinning: bool,
     /// ONNX Runtime inter-op threads per run.
     pub inter_threads: usize,
 }
@@ -562,6 +565,7 @@ impl Repository {
         let (version, file) = pick_version(dir, &config).map_err(load_err)?;
         let opts = OrtOptions {
             intra_threads: self.opts.intra_threads,
+            intra_spinning: self.opts.intra_spinning,
             inter_threads: self.opts.inter_threads,
             sessions: instances,
         };

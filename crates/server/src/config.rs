@@ -4,6 +4,7 @@
 //! listen = ["unix:///tmp/tensorwire.sock", "tcp://127.0.0.1:7070"]
 //!                          # also grpc://HOST:PORT, http://HOST:PORT: KServe front doors
 //! intra_threads = 2        # ONNX Runtime threads per run
+//! intra_spinning = true    # intra-op threads spin after a run before sleeping (ONNX Runtime's default)
 //! inter_threads = 1
 //!
 //! [[model]]
@@ -309,6 +310,7 @@ struct ConfigFile {
     #[serde(default)]
     model: Vec<ModelConfig>,
     intra_threads: Option<usize>,
+    intra_spinning: Option<bool>,
     inter_threads: Option<usize>,
     #[serde(default)]
     limits: LimitsFile,
@@ -322,6 +324,19 @@ struct ConfigFile {
     stats: StatsFile,
     #[serde(default)]
     access: AccessFile,
+}
+
+/// Reads an on/off switch as a flag gives it (`on`/`off`, also
+/// `true`/`false`, `1`/`0`, any case); anything else is refused with an
+/// error naming the value and what is accepted.
+pub fn parse_switch(s: &str) -> Result<bool, ConfigError> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(ConfigError::Invalid(format!(
+            "'{s}' is not a switch: give on or off"
+        ))),
+    }
 }
 
 /// Everything an agent needs to start.
@@ -340,6 +355,10 @@ pub struct AgentConfig {
     pub models: Vec<ModelConfig>,
     /// ONNX Runtime intra-op threads per run.
     pub intra_threads: usize,
+    /// Whether ONNX Runtime's intra-op threads spin after a run before they
+    /// sleep (`engine::OrtOptions::intra_spinning`; TOML `intra_spinning`,
+    /// `serve --intra-spinning on|off`).
+    pub intra_spinning: bool,
     /// ONNX Runtime inter-op threads.
     pub inter_threads: usize,
     /// Per-session limits (the most a client may ask for).
@@ -423,6 +442,7 @@ impl Default for AgentConfig {
             front_doors: Vec::new(),
             models: Vec::new(),
             intra_threads: 2,
+            intra_spinning: engine::DEFAULT_INTRA_SPINNING,
             inter_threads: 1,
             limits: Limits::default(),
             max_connections: 8192,
@@ -487,6 +507,9 @@ impl AgentConfig {
         cfg.models = f.model;
         if let Some(n) = f.intra_threads {
             cfg.intra_threads = n;
+        }
+        if let Some(on) = f.intra_spinning {
+            cfg.intra_spinning = on;
         }
         if let Some(n) = f.inter_threads {
             cfg.inter_threads = n;
@@ -820,6 +843,38 @@ mod tests {
         cfg.validate().unwrap();
         let off = AgentConfig::from_toml("[stats]\nrequest_timing = false").unwrap();
         assert!(!off.request_timing);
+    }
+
+    #[test]
+    fn intra_spinning_from_toml_and_switches() {
+        let d = AgentConfig::default();
+        assert_eq!(d.intra_spinning, engine::DEFAULT_INTRA_SPINNING);
+        for (text, want) in [("false", false), ("true", true)] {
+            let cfg = AgentConfig::from_toml(&format!("intra_spinning = {text}")).unwrap();
+            assert_eq!(cfg.intra_spinning, want, "{text}");
+        }
+        // Not a boolean: refused, naming the key.
+        let e = AgentConfig::from_toml("intra_spinning = \"sometimes\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intra_spinning"), "{e}");
+        for (s, want) in [
+            ("on", true),
+            ("OFF", false),
+            ("true", true),
+            ("false", false),
+            ("1", true),
+            ("0", false),
+        ] {
+            assert_eq!(parse_switch(s).unwrap(), want, "{s}");
+        }
+        for bad in ["", "yes please", "2", "of"] {
+            let e = parse_switch(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("'{bad}'")) && e.contains("on or off"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

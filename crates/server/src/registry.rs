@@ -233,13 +233,22 @@ impl ModelRegistry {
     }
 }
 
-/// Loads the ONNX model `m` with `cfg`'s ONNX Runtime settings.
-pub fn load_onnx(m: &ModelConfig, cfg: &AgentConfig) -> Result<Arc<dyn Backend>, EngineError> {
-    let opts = OrtOptions {
+/// The ONNX Runtime settings an agent with `cfg` loads model `m` with
+/// (also what a caller that runs the engine without an agent uses to run
+/// it the same way: the classifier's `local` baseline).
+pub fn ort_options(m: &ModelConfig, cfg: &AgentConfig) -> OrtOptions {
+    OrtOptions {
         intra_threads: cfg.intra_threads,
+        intra_spinning: cfg.intra_spinning,
         inter_threads: cfg.inter_threads,
         sessions: m.concurrency,
-    };
+    }
+}
+
+/// Loads the ONNX model `m` with `cfg`'s ONNX Runtime settings
+/// ([`ort_options`]).
+pub fn load_onnx(m: &ModelConfig, cfg: &AgentConfig) -> Result<Arc<dyn Backend>, EngineError> {
+    let opts = ort_options(m, cfg);
     Ok(Arc::new(OrtBackend::load(&m.name, &m.path, &opts)?))
 }
 

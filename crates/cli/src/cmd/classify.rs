@@ -46,7 +46,7 @@ use classifier::paths::{self, DEFAULT_MODEL, DEFAULT_TOKENIZER, SETUP_HINT};
 use classifier::run::{self, LineResult, LocalTarget, RemoteTarget, RunReport, Target};
 use classifier::{Labels, TextTokenizer, DEFAULT_MODEL_NAME, WARMUP_LINES};
 use client::ClientOptions;
-use server::{Agent, AgentConfig, ModelConfig};
+use server::Agent;
 use std::path::{Path, PathBuf};
 use transport::Endpoint;
 
@@ -108,6 +108,35 @@ pub struct Args {
     /// ONNX Runtime intra-op threads (for local and the agents started here).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
     intra_threads: u32,
+    /// Whether ONNX Runtime's intra-op threads spin after a run before they
+    /// sleep, on or off (for local and the agents started here alike).
+    /// Default off, unlike `serve`: a comparison keeps every configuration's
+    /// engine loaded, and with spinning on, the idle engines' threads take
+    /// the cores from the busy one (see docs/BENCHMARKS.md).
+    #[arg(
+        long,
+        value_name = "on|off",
+        default_value = "off",
+        action = clap::ArgAction::Set,
+        value_parser = super::parse_switch_flag
+    )]
+    intra_spinning: bool,
+}
+
+impl Args {
+    /// The model as every configuration runs it: `local` loads the engine
+    /// with the options an agent would ([`AgentSpec::ort_options`]); agents
+    /// started here get the same settings.
+    fn agent_spec(&self, model: &Path) -> Result<AgentSpec, CmdError> {
+        Ok(AgentSpec {
+            model_name: self.model_name.clone(),
+            model_path: model.to_path_buf(),
+            intra_threads: self.intra_threads as usize,
+            intra_spinning: self.intra_spinning,
+            serve_exe: std::env::current_exe()?,
+            spin_us: None,
+        })
+    }
 }
 
 /// Runs `classify`.
@@ -193,7 +222,7 @@ fn run_single(
     labels: &Labels,
     lines: &[run::InputLine],
 ) -> Result<(), CmdError> {
-    let intra = a.intra_threads as usize;
+    let spec = a.agent_spec(model)?;
     let opts = ClientOptions {
         want_timeline: a.verbose,
         ..ClientOptions::default()
@@ -201,17 +230,13 @@ fn run_single(
     // Keeps the embedded agent (if any) alive while the target is used.
     let mut agent: Option<Agent> = None;
     let mut target: Box<dyn Target> = if a.connect == "local" {
-        Box::new(LocalTarget::load(model, intra)?)
+        Box::new(LocalTarget::load(model, &spec.ort_options())?)
     } else {
         if let Endpoint::Inproc(name) = Endpoint::parse(&a.connect)? {
             if transport::inproc::lookup(&name).is_none() {
-                let cfg = AgentConfig {
-                    listen: vec![Endpoint::Inproc(name)],
-                    models: vec![ModelConfig::new(a.model_name.clone(), model.to_path_buf())],
-                    intra_threads: intra,
-                    ..AgentConfig::default()
-                };
-                agent = Some(Agent::start(cfg)?);
+                agent = Some(Agent::start(
+                    spec.agent_config(vec![Endpoint::Inproc(name)]),
+                )?);
             }
         }
         match RemoteTarget::connect(&a.connect, &a.model_name, opts) {
@@ -320,33 +345,29 @@ fn run_compare(
         tokenizer: tok,
         labels,
         lines,
-        agent: AgentSpec {
-            model_name: a.model_name.clone(),
-            model_path: model.to_path_buf(),
-            intra_threads: a.intra_threads as usize,
-            serve_exe: std::env::current_exe()?,
-            spin_us: None,
-        },
+        agent: a.agent_spec(model)?,
         timelines: a.verbose,
     };
     let repeats = a.repeats as usize;
     if !a.json {
         println!("Processing {} lines from: {}", lines.len(), file.display());
         println!(
-            "model {} ({} labels), {} intra-op threads, batch 1; {repeats} passes, each line \
+            "model {} ({} labels), {} intra-op threads (spinning {}), batch 1; {repeats} passes, each line \
              through every configuration in rotating order; figures over the lines after the \
              {WARMUP_LINES}th of each pass; tax = median over lines of (configuration - local) \
              for the same line",
             model.display(),
             labels.len(),
-            a.intra_threads
+            a.intra_threads,
+            if a.intra_spinning { "on" } else { "off" }
         );
     }
-    if a.intra_threads > 1 && !configs.is_empty() {
+    if a.intra_threads > 1 && a.intra_spinning && !configs.is_empty() {
         eprintln!(
-            "tensorwire classify: warning: with {} intra-op threads, each engine's ONNX Runtime \
-             workers spin for a while after every run; with {} engines interleaved they compete \
-             for the cores and every latency (and CPU) is inflated. --intra-threads 1 avoids it.",
+            "tensorwire classify: warning: with {} intra-op threads and --intra-spinning on, \
+             each engine's ONNX Runtime workers spin for a while after every run; with {} \
+             engines interleaved they compete for the cores and every latency (and CPU) is \
+             inflated. --intra-spinning off (the default) avoids it.",
             a.intra_threads,
             configs.len() + 1
         );
@@ -393,5 +414,50 @@ fn run_compare(
             differing.join(", ")
         )
         .into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(
+            ["classify", "-f", "t.txt"]
+                .into_iter()
+                .chain(flags.iter().copied()),
+        )
+        .map(|c| c.args)
+    }
+
+    #[test]
+    fn intra_spinning_reaches_local_and_the_agents() {
+        let model = Path::new("m.onnx");
+        // Off unless asked: a comparison keeps every engine loaded.
+        let default = parse(&[]).unwrap().agent_spec(model).unwrap();
+        assert!(!default.intra_spinning);
+        for (flag, want) in [("off", false), ("on", true)] {
+            let spec = parse(&["--intra-spinning", flag, "--intra-threads", "3"])
+                .unwrap()
+                .agent_spec(model)
+                .unwrap();
+            assert_eq!(spec.intra_spinning, want, "{flag}");
+            let local = spec.ort_options();
+            assert_eq!((local.intra_threads, local.intra_spinning), (3, want));
+            let agent = spec.agent_config(Vec::new());
+            assert_eq!((agent.intra_threads, agent.intra_spinning), (3, want));
+        }
+        let e = parse(&["--intra-spinning", "yes"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("'yes'") && e.contains("on or off"), "{e}");
     }
 }

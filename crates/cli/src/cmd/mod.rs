@@ -85,6 +85,16 @@ pub fn connect(
     })
 }
 
+/// Parses an on/off flag value (`--intra-spinning on`) for clap: `on`/`off`
+/// (also `true`/`false`, `1`/`0`); anything else is refused with a message
+/// naming the value ([`server::config::parse_switch`]).
+pub fn parse_switch_flag(s: &str) -> Result<bool, String> {
+    server::config::parse_switch(s).map_err(|e| match e {
+        server::ConfigError::Invalid(m) => m,
+        other => other.to_string(),
+    })
+}
+
 /// Parses repeated `NAME=PATH` model flags.
 pub fn parse_models(flags: &[String]) -> Result<Vec<ModelConfig>, CmdError> {
     Ok(flags

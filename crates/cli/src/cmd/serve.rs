@@ -1,7 +1,7 @@
 //! `tensorwire serve`: run an agent until SIGINT or SIGTERM; SIGHUP reads
 //! the tenants file again.
 
-use super::CmdError;
+use super::{parse_switch_flag, CmdError};
 use server::{Agent, AgentConfig, ModelConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +28,12 @@ pub struct Args {
     /// ONNX Runtime intra-op threads per run.
     #[arg(long)]
     intra_threads: Option<usize>,
+    /// Whether ONNX Runtime's intra-op threads spin after a run before
+    /// they sleep: on or off (default: on, ONNX Runtime's own). Off saves
+    /// the CPU they burn between requests (a core per extra thread) for a
+    /// wake-up when the next run starts. TOML: intra_spinning = true|false.
+    #[arg(long, value_name = "on|off", value_parser = parse_switch_flag)]
+    intra_spinning: Option<bool>,
     /// ONNX Runtime inter-op threads.
     #[arg(long)]
     inter_threads: Option<usize>,
@@ -135,6 +141,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     if let Some(n) = a.intra_threads {
         cfg.intra_threads = n;
     }
+    if let Some(on) = a.intra_spinning {
+        cfg.intra_spinning = on;
+    }
     if let Some(n) = a.inter_threads {
         cfg.inter_threads = n;
     }
@@ -195,6 +204,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             poll_interval: Duration::from_secs(a.repository_poll_secs),
             load_at_start: a.load_models.clone(),
             intra_threads: cfg.intra_threads,
+            intra_spinning: cfg.intra_spinning,
             inter_threads: cfg.inter_threads,
         }),
     };
@@ -304,4 +314,41 @@ pub fn describe(s: &wire::ModelSignature) -> String {
             .join(", ")
     };
     format!("({}) -> ({})", list(&s.inputs), list(&s.outputs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn intra_spinning_flag() {
+        assert_eq!(parse(&[]).unwrap().intra_spinning, None);
+        assert_eq!(
+            parse(&["--intra-spinning", "off"]).unwrap().intra_spinning,
+            Some(false)
+        );
+        assert_eq!(
+            parse(&["--intra-spinning", "on"]).unwrap().intra_spinning,
+            Some(true)
+        );
+        let e = parse(&["--intra-spinning", "sometimes"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("--intra-spinning") && e.contains("'sometimes'") && e.contains("on or off"),
+            "{e}"
+        );
+    }
 }
