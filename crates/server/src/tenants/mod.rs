@@ -356,12 +356,7 @@ impl Tenants {
         let tenant = self.resolve_digest(who, digest.as_ref())?;
         let usage = tenant.usage.clone();
         let max = tenant.quotas.max_connections;
-        let taken = usage
-            .connections
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                max.is_none_or(|m| n < m).then_some(n + 1)
-            });
-        if taken.is_err() {
+        if !take_one(&usage.connections, max) {
             usage.over_quota.fetch_add(1, Ordering::Relaxed);
             return Err((
                 Status::LimitExceeded,
@@ -426,6 +421,16 @@ fn check_cgroups(specs: &[TenantSpec], path: &Path) -> Result<(), TenantsError> 
         }
     }
     Ok(())
+}
+
+/// Counts one more in `counter` unless it holds `max` already (`None`: no
+/// limit); false when it was full.
+fn take_one(counter: &AtomicU32, max: Option<u32>) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            max.is_none_or(|m| n < m).then_some(n + 1)
+        })
+        .is_ok()
 }
 
 /// SHA-256 of a token.
@@ -598,12 +603,7 @@ impl Seat {
         // In flight first, then the rate: a request refused for being one
         // too many in flight takes no rate token.
         let max = q.max_in_flight;
-        let taken = usage
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                max.is_none_or(|m| n < m).then_some(n + 1)
-            });
-        if taken.is_err() {
+        if !take_one(&usage.in_flight, max) {
             usage.over_quota.fetch_add(1, Ordering::Relaxed);
             return Err((
                 Status::TooManyInFlight,
