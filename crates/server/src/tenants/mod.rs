@@ -849,6 +849,15 @@ mod tests {
         assert!((0..5).all(|_| gcra(&tat, 1e9, 5)));
     }
 
+    /// One tenant `name`, token "ta", allowed `model`.
+    fn one_token_tenant(name: &str, model: &str) -> Vec<TenantSpec> {
+        let text = format!(
+            "[[tenant]]\nname = \"{name}\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"{model}\"]\n",
+            tok("ta")
+        );
+        file::parse(&text, "t.toml").unwrap()
+    }
+
     #[test]
     fn a_reload_keeps_usage_and_moves_sessions_to_their_new_tenant() {
         let t = tenants(&format!(
@@ -859,43 +868,16 @@ mod tests {
         assert!(seat.may_see("m") && !seat.may_see("n"));
         let usage = seat.tenant().unwrap().usage.clone();
         // Same token, new rights: the seat follows.
-        t.replace(
-            file::parse(
-                &format!(
-                    "[[tenant]]\nname = \"a\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"n\"]\n",
-                    tok("ta")
-                ),
-                "t.toml",
-            )
-            .unwrap(),
-        );
+        t.replace(one_token_tenant("a", "n"));
         assert!(seat.may_see("n") && !seat.may_see("m"));
         assert!(Arc::ptr_eq(&usage, &seat.tenant().unwrap().usage));
         // Moved to another tenant: the session counts there now.
-        t.replace(
-            file::parse(
-                &format!(
-                    "[[tenant]]\nname = \"b\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"n\"]\n",
-                    tok("ta")
-                ),
-                "t.toml",
-            )
-            .unwrap(),
-        );
+        t.replace(one_token_tenant("b", "n"));
         let b = seat.tenant().unwrap();
         assert_eq!(&*b.name, "b");
         assert_eq!(b.usage.connections.load(Ordering::Relaxed), 1);
         assert_eq!(usage.connections.load(Ordering::Relaxed), 0);
-        t.replace(
-            file::parse(
-                &format!(
-                    "[[tenant]]\nname = \"a\"\ntokens_sha256 = [\"{}\"]\nmodels = [\"n\"]\n",
-                    tok("ta")
-                ),
-                "t.toml",
-            )
-            .unwrap(),
-        );
+        t.replace(one_token_tenant("a", "n"));
         assert!(Arc::ptr_eq(&usage, &seat.tenant().unwrap().usage));
         assert_eq!(usage.connections.load(Ordering::Relaxed), 1);
         // The token dropped: the session's requests are refused from now on.
