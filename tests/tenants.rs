@@ -476,6 +476,24 @@ fn another_user_s_process_is_matched_by_its_uid_and_kept_out_by_the_socket_mode(
         return;
     }
     let nobody = 65534;
+    // The binary must be reachable by that user (a checkout under a 0700
+    // home directory is not).
+    let reachable = {
+        use std::os::unix::process::CommandExt;
+        tensorwire_command()
+            .arg("--version")
+            .uid(nobody)
+            .gid(nobody)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !reachable {
+        eprintln!(
+            "skipped: uid {nobody} cannot run {}",
+            common::tensorwire_bin().display()
+        );
+        return;
+    }
     // Directories every user may enter, as a service's /run/tensorwire.
     let enterable = || {
         let d = tempfile::tempdir().expect("tmp");
