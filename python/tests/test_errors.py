@@ -19,6 +19,7 @@ def test_exceptions_are_tensorwire_errors():
         tw.InvalidInput,
         tw.LimitExceeded,
         tw.Overloaded,
+        tw.PermissionDenied,
         tw.Timeout,
         tw.Disconnected,
         tw.ShuttingDown,

@@ -163,7 +163,7 @@ mod tests {
         }
         assert_eq!(name(0), "TW_OK");
         assert_eq!(name(14), "TW_ERR_BUFFER_TOO_SMALL");
-        for bad in [-1, 16, 1000, c_int::MIN, c_int::MAX] {
+        for bad in [-1, 17, 1000, c_int::MIN, c_int::MAX] {
             assert_eq!(name(bad), "TW_UNKNOWN_STATUS");
         }
     }
