@@ -209,6 +209,7 @@ impl DigitsAgent {
                     Endpoint::Shm(_) => "shm",
                     Endpoint::Unix(_) => "unix",
                     Endpoint::Tcp { .. } => "tcp",
+                    Endpoint::Tls { .. } => "tls",
                     Endpoint::Inproc(_) => "inproc",
                 };
                 (t, ep.to_string())

@@ -17,7 +17,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run an agent: load models once, listen on one or more endpoints.
-    Serve(cmd::serve::Args),
+    Serve(Box<cmd::serve::Args>),
     /// Run a model once on tensors from .npy files.
     Infer(cmd::infer::Args),
     /// List the models an agent serves, with their signatures.
@@ -45,7 +45,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(a) => cmd::serve::run(a),
+        Command::Serve(a) => cmd::serve::run(*a),
         Command::Infer(a) => cmd::infer::run(a),
         Command::Models(a) => cmd::models::run(a),
         Command::Ping(a) => cmd::ping::run(a),

@@ -56,6 +56,9 @@ pub enum AgentError {
     /// The tenants file is unusable.
     #[error("tenants file {0}")]
     Tenants(#[from] crate::tenants::file::TenantsError),
+    /// A TLS file (certificate, key, client CA) is unusable.
+    #[error(transparent)]
+    Tls(#[from] transport::tls::TlsError),
 }
 
 /// Counters describing a running agent.
@@ -183,6 +186,12 @@ impl Agent {
         };
         let reaper = Reaper::start(conns.clone(), deadlines)
             .map_err(|e| spawn_err("the reaper thread", e))?;
+        // The TLS files are read once, here: a bad one stops the start.
+        let tls = cfg
+            .tls
+            .as_ref()
+            .map(transport::tls::server_config)
+            .transpose()?;
         // Bind everything first, so a failure starts nothing.
         let mut listeners = Vec::new();
         let mut inproc = Vec::new();
@@ -197,7 +206,12 @@ impl Agent {
                     endpoints.push(ep.clone());
                 }
                 _ => {
-                    let l = Listener::bind(ep)?;
+                    let l = match (ep, &tls) {
+                        (Endpoint::Tls { .. }, Some(config)) => {
+                            Listener::bind_tls(ep, config.clone())?
+                        }
+                        _ => Listener::bind(ep)?,
+                    };
                     l.set_access(cfg.socket_mode, socket_group)
                         .map_err(|source| TransportError::Io {
                             what: "set the owner and mode of",
@@ -357,6 +371,7 @@ impl Acceptor {
                     PeerId::Uid(_) => None,
                 },
                 in_process: false,
+                cert_names: None,
             };
             let slot = match self.conns.admit(Conn::Stream(writer), peer) {
                 Ok(slot) => slot,

@@ -51,12 +51,18 @@
 //! tenants = ""             # a tenants file (server::tenants): identities, rights, quotas
 //! socket_mode = "0600"     # unix:// sockets and shm:// control sockets: owner only
 //! socket_group = ""        # their group (a name or a gid; "" = the agent's)
-//! insecure = false         # allow tcp/grpc/http listeners beyond loopback (no TLS yet)
+//! insecure = false         # allow tcp/grpc/http listeners beyond loopback (clear text)
+//!
+//! [tls]                    # the agent's certificate, for tls://, https:// and grpcs:// listeners
+//! cert = ""                # PEM certificate chain, the agent's own first
+//! key = ""                 # PEM private key of that certificate
+//! client_ca = ""           # PEM CA: when set, clients must show a certificate it signed (mutual TLS)
 //! ```
 //!
-//! `listen` takes the agent's own endpoints (`unix://`, `tcp://`, `shm://`,
-//! `inproc://`, which go to [`AgentConfig::listen`]) and the KServe v2
-//! front doors (`grpc://HOST:PORT`, `http://HOST:PORT`, which go to
+//! `listen` takes the agent's own endpoints (`unix://`, `tcp://`, `tls://`,
+//! `shm://`, `inproc://`, which go to [`AgentConfig::listen`]) and the
+//! KServe v2 front doors (`grpc://HOST:PORT`, `http://HOST:PORT`, and with
+//! TLS `grpcs://HOST:PORT`, `https://HOST:PORT`, which go to
 //! [`AgentConfig::front_doors`]): this crate does not serve those itself
 //! (it knows no KServe); `tensorwire serve` and the Python `Agent` start
 //! them beside the agent with `frontend::FrontDoors`. Any other scheme is
@@ -78,6 +84,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
 use transport::shm::ShmSizes;
+use transport::tls::ServerTlsFiles;
 use transport::Endpoint;
 use wire::Limits;
 
@@ -304,6 +311,14 @@ struct AccessFile {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct TlsFile {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ConfigFile {
     #[serde(default)]
     listen: Vec<String>,
@@ -324,6 +339,8 @@ struct ConfigFile {
     stats: StatsFile,
     #[serde(default)]
     access: AccessFile,
+    #[serde(default)]
+    tls: TlsFile,
 }
 
 /// Reads an on/off switch as a flag gives it (`on`/`off`, also
@@ -428,11 +445,16 @@ pub struct AgentConfig {
     /// The group of those sockets (a name or a number; `None`: the
     /// agent's), so that `socket_mode` 0o660 lets that group in.
     pub socket_group: Option<String>,
-    /// Allows tcp, gRPC and HTTP listeners on addresses other than
-    /// loopback. The agent has no TLS yet: off, such a listener is refused
-    /// at start, because its tokens and tensors would cross the network in
-    /// clear text.
+    /// Allows tcp, gRPC and HTTP listeners (the clear-text ones) on
+    /// addresses other than loopback. Off, such a listener is refused at
+    /// start, because its tokens and tensors would cross the network in
+    /// clear text; `tls://`, `grpcs://` and `https://` need no leave.
     pub insecure: bool,
+    /// The agent's certificate and key, and the CA of client certificates
+    /// (mutual TLS), for its `tls://` listeners and the `grpcs://` and
+    /// `https://` front doors (TOML `[tls]`, `serve --tls-cert --tls-key
+    /// --tls-client-ca`).
+    pub tls: Option<ServerTlsFiles>,
 }
 
 impl Default for AgentConfig {
@@ -462,6 +484,7 @@ impl Default for AgentConfig {
             socket_mode: 0o600,
             socket_group: None,
             insecure: false,
+            tls: None,
         }
     }
 }
@@ -489,6 +512,16 @@ impl AgentConfig {
             }
             if let Some(t) = cfg.tenants.as_mut().filter(|t| t.is_relative()) {
                 *t = dir.join(&*t);
+            }
+            if let Some(t) = cfg.tls.as_mut() {
+                for p in [Some(&mut t.cert), Some(&mut t.key), t.client_ca.as_mut()]
+                    .into_iter()
+                    .flatten()
+                {
+                    if p.is_relative() {
+                        *p = dir.join(&*p);
+                    }
+                }
             }
         }
         Ok(cfg)
@@ -558,6 +591,7 @@ impl AgentConfig {
         }
         cfg.socket_group = a.socket_group.filter(|g| !g.is_empty());
         cfg.insecure = a.insecure.unwrap_or(cfg.insecure);
+        cfg.tls = tls_files(f.tls.cert, f.tls.key, f.tls.client_ca)?;
         Ok(cfg)
     }
 
@@ -690,6 +724,18 @@ impl AgentConfig {
                 self.socket_mode
             ));
         }
+        let wants_tls = self
+            .listen
+            .iter()
+            .any(|ep| matches!(ep, Endpoint::Tls { .. }))
+            || self.front_doors.iter().any(|u| is_tls_front_door(u));
+        if wants_tls && self.tls.is_none() {
+            return bad(
+                "a tls://, grpcs:// or https:// listener needs the agent's certificate: give \
+                 --tls-cert FILE --tls-key FILE (TOML [tls] cert, key)"
+                    .into(),
+            );
+        }
         if !self.insecure {
             let beyond = self
                 .listen
@@ -698,20 +744,25 @@ impl AgentConfig {
                     Endpoint::Tcp { addr, .. } => Some((ep.to_string(), addr.clone())),
                     _ => None,
                 })
-                .chain(self.front_doors.iter().map(|uri| {
-                    let rest = uri.split_once("://").map_or("", |(_, r)| r);
-                    (
-                        uri.clone(),
-                        rest.split('/').next().unwrap_or("").to_string(),
-                    )
-                }))
+                .chain(
+                    self.front_doors
+                        .iter()
+                        .filter(|u| !is_tls_front_door(u))
+                        .map(|uri| {
+                            let rest = uri.split_once("://").map_or("", |(_, r)| r);
+                            (
+                                uri.clone(),
+                                rest.split('/').next().unwrap_or("").to_string(),
+                            )
+                        }),
+                )
                 .find(|(_, hostport)| !is_loopback(hostport));
             if let Some((uri, _)) = beyond {
                 return bad(format!(
-                    "{uri} listens beyond this machine, and the agent has no TLS yet: tokens and \
-                     tensors would cross the network in clear text. Listen on 127.0.0.1 (behind \
-                     a TLS proxy or gateway), or give --insecure (TOML [access] insecure = true) \
-                     on a network you trust"
+                    "{uri} listens beyond this machine in clear text: tokens and tensors would \
+                     cross the network unencrypted. Listen with TLS (tls://, grpcs://, https:// \
+                     and --tls-cert/--tls-key), or on 127.0.0.1, or give --insecure (TOML \
+                     [access] insecure = true) on a network you trust"
                 ));
             }
         }
@@ -757,6 +808,36 @@ pub fn is_loopback(hostport: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// The agent's TLS files from their three settings: none, or a
+/// certificate with its key (and optionally a client CA); anything else is
+/// refused, naming what is missing.
+pub fn tls_files(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<ServerTlsFiles>, ConfigError> {
+    let set = |p: Option<PathBuf>| p.filter(|p| !p.as_os_str().is_empty());
+    match (set(cert), set(key), set(client_ca)) {
+        (None, None, None) => Ok(None),
+        (Some(cert), Some(key), client_ca) => Ok(Some(ServerTlsFiles {
+            cert,
+            key,
+            client_ca,
+        })),
+        (None, _, _) => Err(ConfigError::Invalid(
+            "TLS needs the agent's certificate: --tls-cert FILE (TOML [tls] cert)".into(),
+        )),
+        (_, None, _) => Err(ConfigError::Invalid(
+            "TLS needs the certificate's private key: --tls-key FILE (TOML [tls] key)".into(),
+        )),
+    }
+}
+
+/// True for a front door that speaks TLS (`grpcs://`, `https://`).
+pub fn is_tls_front_door(uri: &str) -> bool {
+    uri.starts_with("grpcs://") || uri.starts_with("https://")
+}
+
 /// Parses permission bits written in octal (`"0660"`, `"660"`, `"0o660"`).
 pub fn parse_mode(s: &str) -> Result<u32, ConfigError> {
     let digits = s.trim_start_matches("0o");
@@ -776,12 +857,13 @@ pub fn parse_endpoint(s: &str) -> Result<Endpoint, ConfigError> {
 }
 
 /// The schemes of the KServe v2 front doors a `listen` list may name
-/// (`grpc://HOST:PORT`, `http://HOST:PORT`); served by the frontend crate,
+/// (`grpc://HOST:PORT`, `http://HOST:PORT`, and over TLS `grpcs://`,
+/// `https://`); served by the frontend crate,
 /// not by this one.
-pub const FRONT_DOOR_SCHEMES: [&str; 2] = ["grpc", "http"];
+pub const FRONT_DOOR_SCHEMES: [&str; 4] = ["grpc", "http", "grpcs", "https"];
 
 /// The schemes of the agent's own endpoints ([`Endpoint`]).
-const ENDPOINT_SCHEMES: [&str; 5] = ["inproc", "unix", "tcp", "shm", "vsock"];
+const ENDPOINT_SCHEMES: [&str; 6] = ["inproc", "unix", "tcp", "tls", "shm", "vsock"];
 
 /// One entry of a `listen` list, sorted by its scheme.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -807,7 +889,8 @@ pub fn parse_listen(uri: &str) -> Result<Listen, ConfigError> {
         Some((scheme, _)) if !ENDPOINT_SCHEMES.contains(&scheme) => {
             Err(ConfigError::Invalid(format!(
                 "bad listen address '{uri}': unknown scheme '{scheme}' (the agent's endpoints: \
-                 inproc://, unix://, tcp://, shm://; KServe v2 front doors: grpc://, http://)"
+                 inproc://, unix://, tcp://, tls://, shm://; KServe v2 front doors: grpc://, \
+                 http://, grpcs://, https://)"
             )))
         }
         _ => parse_endpoint(uri).map(Listen::Endpoint),
@@ -1032,6 +1115,42 @@ mod tests {
                 cfg.insecure
             ),
             (&d.tenants, d.socket_mode, &d.socket_group, d.insecure)
+        );
+        assert_eq!(cfg.tls, d.tls);
+    }
+
+    #[test]
+    fn tls_settings_parse_and_tls_listeners_need_them() {
+        let cfg = AgentConfig::from_toml(
+            "listen = [\"tls://0.0.0.0:7443\", \"grpcs://0.0.0.0:8001\"]\n\
+             [tls]\ncert = \"a.pem\"\nkey = \"a.key\"\nclient_ca = \"ca.pem\"\n",
+        )
+        .unwrap();
+        let files = cfg.tls.clone().expect("tls");
+        assert_eq!(files.cert, PathBuf::from("a.pem"));
+        assert_eq!(files.client_ca, Some(PathBuf::from("ca.pem")));
+        // TLS listeners beyond loopback need no --insecure.
+        cfg.validate().unwrap();
+        let mut no_files = cfg.clone();
+        no_files.tls = None;
+        let e = no_files.validate().unwrap_err().to_string();
+        assert!(e.contains("--tls-cert"), "{e}");
+        let e = AgentConfig::from_toml("[tls]\ncert = \"a.pem\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--tls-key"), "{e}");
+        let e = AgentConfig::from_toml("[tls]\nkey = \"a.key\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--tls-cert"), "{e}");
+        assert!(AgentConfig::from_toml("[tls]\ncrt = \"a.pem\"\n").is_err());
+        // Clear text beyond loopback still needs --insecure, TLS or not.
+        let mut clear = cfg;
+        clear.add_listen("tcp://0.0.0.0:7070").unwrap();
+        let e = clear.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("--insecure") && e.contains("tcp://0.0.0.0:7070"),
+            "{e}"
         );
     }
 

@@ -93,7 +93,12 @@ impl SocketSession {
                 self.slot.set(Phase::Busy);
             }
             let Some(grant) = self.grant.take() else {
-                // The first message: it must be a Hello.
+                // The first message: it must be a Hello. Over TLS the
+                // handshake is done by now: the client's certificate
+                // names are part of who it is.
+                if let Some(names) = self.conn.tls_peer_names() {
+                    self.who.cert_names = Some(names.into());
+                }
                 match core.hello(&h, &desc, &self.who) {
                     Ok((grant, ack)) if send(&self.conn, &ack, &[]) => {
                         if let (Some(seat), None) = (&grant.seat, &meter) {

@@ -94,7 +94,8 @@ impl Via {
         match ep {
             transport::Endpoint::Inproc(_) => Via::Inproc,
             transport::Endpoint::Unix(_) => Via::Unix,
-            transport::Endpoint::Tcp { .. } => Via::Tcp,
+            // TLS sessions are tcp sessions: counted with them.
+            transport::Endpoint::Tcp { .. } | transport::Endpoint::Tls { .. } => Via::Tcp,
             transport::Endpoint::Shm(_) => Via::Shm,
         }
     }

@@ -1,6 +1,7 @@
 //! [`Endpoint`]: a parsed transport URI.
 
 use crate::error::TransportError;
+use crate::tls::TlsClientParams;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -20,6 +21,17 @@ pub enum Endpoint {
         addr: String,
         /// Whether `TCP_NODELAY` is set (default true).
         nodelay: bool,
+    },
+    /// `tls://host:port[?nodelay=0][&ca=PATH&cert=PATH&key=PATH&name=HOST]`:
+    /// tcp carrying TLS ([`crate::tls`]). The parameters after `nodelay`
+    /// are a client's; an agent's certificate comes from its own settings.
+    Tls {
+        /// `host:port` (`[::1]:port` for IPv6).
+        addr: String,
+        /// Whether `TCP_NODELAY` is set (default true).
+        nodelay: bool,
+        /// The client's trust, certificate and expected server name.
+        client: TlsClientParams,
     },
 }
 
@@ -70,29 +82,50 @@ impl Endpoint {
                 }
                 Ok(Endpoint::Unix(PathBuf::from(rest)))
             }
-            "tcp" => {
+            "tcp" | "tls" => {
                 let mut nodelay = true;
+                let mut client = TlsClientParams::default();
                 for (k, v) in &params {
-                    match (k.as_str(), v.as_str()) {
-                        ("nodelay", "1" | "true") => nodelay = true,
-                        ("nodelay", "0" | "false") => nodelay = false,
-                        ("nodelay", v) => {
+                    match (scheme, k.as_str(), v.as_str()) {
+                        (_, "nodelay", "1" | "true") => nodelay = true,
+                        (_, "nodelay", "0" | "false") => nodelay = false,
+                        (_, "nodelay", v) => {
                             return Err(bad(&format!("nodelay must be 0 or 1, not '{v}'")))
                         }
-                        (k, _) => return Err(bad(&format!("unknown parameter '{k}' for tcp://"))),
+                        ("tls", "ca", v) => client.ca = Some(PathBuf::from(v)),
+                        ("tls", "cert", v) => client.cert = Some(PathBuf::from(v)),
+                        ("tls", "key", v) => client.key = Some(PathBuf::from(v)),
+                        ("tls", "name", v) => client.name = Some(v.to_string()),
+                        (_, k, _) => {
+                            return Err(bad(&format!("unknown parameter '{k}' for {scheme}://")))
+                        }
                     }
+                }
+                if params.iter().any(|(_, v)| v.is_empty()) {
+                    return Err(bad("a parameter has an empty value"));
+                }
+                if client.cert.is_some() != client.key.is_some() {
+                    return Err(bad("a client certificate needs both cert= and key="));
                 }
                 let (host, port) = rest
                     .rsplit_once(':')
-                    .ok_or_else(|| bad("missing port, e.g. tcp://127.0.0.1:7070"))?;
+                    .ok_or_else(|| bad(&format!("missing port, e.g. {scheme}://127.0.0.1:7070")))?;
                 if host.is_empty() {
-                    return Err(bad("missing host, e.g. tcp://127.0.0.1:7070"));
+                    return Err(bad(&format!(
+                        "missing host, e.g. {scheme}://127.0.0.1:7070"
+                    )));
                 }
                 port.parse::<u16>()
                     .map_err(|_| bad(&format!("port '{port}' is not a number from 0 to 65535")))?;
-                Ok(Endpoint::Tcp {
-                    addr: rest.to_string(),
-                    nodelay,
+                let addr = rest.to_string();
+                Ok(if scheme == "tls" {
+                    Endpoint::Tls {
+                        addr,
+                        nodelay,
+                        client,
+                    }
+                } else {
+                    Endpoint::Tcp { addr, nodelay }
                 })
             }
             "shm" => {
@@ -111,7 +144,7 @@ impl Endpoint {
             }
             "vsock" => Err(bad("the vsock transport is not built yet")),
             other => Err(bad(&format!(
-                "unknown scheme '{other}' (known: inproc, unix, tcp, shm)"
+                "unknown scheme '{other}' (known: inproc, unix, tcp, tls, shm)"
             ))),
         }
     }
@@ -150,6 +183,35 @@ impl fmt::Display for Endpoint {
                 addr,
                 nodelay: false,
             } => write!(f, "tcp://{addr}?nodelay=0"),
+            Endpoint::Tls {
+                addr,
+                nodelay,
+                client,
+            } => {
+                write!(f, "tls://{addr}")?;
+                let mut sep = '?';
+                let mut param = |f: &mut fmt::Formatter<'_>, k: &str, v: &dyn fmt::Display| {
+                    let r = write!(f, "{sep}{k}={v}");
+                    sep = '&';
+                    r
+                };
+                if !nodelay {
+                    param(f, "nodelay", &0)?;
+                }
+                for (k, v) in [
+                    ("ca", &client.ca),
+                    ("cert", &client.cert),
+                    ("key", &client.key),
+                ] {
+                    if let Some(v) = v {
+                        param(f, k, &v.display())?;
+                    }
+                }
+                if let Some(n) = &client.name {
+                    param(f, "name", n)?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -198,6 +260,8 @@ mod tests {
             "unix:///tmp/x.sock",
             "tcp://h:1",
             "tcp://h:1?nodelay=0",
+            "tls://h:1",
+            "tls://h:1?nodelay=0&ca=/a/ca.pem&cert=c.pem&key=c.key&name=agent.local",
         ] {
             assert_eq!(Endpoint::parse(s).unwrap().to_string(), s);
         }
@@ -216,6 +280,10 @@ mod tests {
             ("tcp://h:1?speed=9", "unknown parameter 'speed'"),
             ("unix:///a?x=1", "unknown parameter 'x'"),
             ("tcp://h:1?nodelay", "has no value"),
+            ("tcp://h:1?ca=x", "unknown parameter 'ca' for tcp://"),
+            ("tls://h:1?cert=c.pem", "both cert= and key="),
+            ("tls://h:1?ca=", "empty value"),
+            ("tls://h", "missing port, e.g. tls://"),
         ] {
             let e = Endpoint::parse(uri).unwrap_err().to_string();
             assert!(e.contains(needle), "{uri}: {e}");

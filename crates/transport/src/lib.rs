@@ -22,6 +22,7 @@ mod peer;
 pub mod shm;
 pub mod spin;
 mod stream;
+pub mod tls;
 
 pub use endpoint::Endpoint;
 pub use error::{RecvError, TransportError};

@@ -7,6 +7,7 @@
 use crate::endpoint::Endpoint;
 use crate::error::TransportError;
 use crate::stream::StreamConn;
+use crate::tls::TlsSock;
 use std::io;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -24,6 +25,8 @@ pub struct Listener {
 enum Kind {
     Unix(UnixListener, PathBuf),
     Tcp(TcpListener, bool),
+    /// TLS over TCP: each accepted socket starts a session of this config.
+    Tls(TcpListener, bool, std::sync::Arc<rustls::ServerConfig>),
 }
 
 /// Wakes a thread blocked in [`Listener::accept`] (which then fails), for shutdown.
@@ -92,6 +95,12 @@ impl Listener {
                     },
                 })
             }
+            Endpoint::Tls { .. } => Err(TransportError::BadUri {
+                uri: ep.to_string(),
+                reason: "a tls:// listener needs the agent's certificate and key \
+                         (serve --tls-cert FILE --tls-key FILE, TOML [tls])"
+                    .into(),
+            }),
             Endpoint::Inproc(_) => Err(TransportError::BadUri {
                 uri: ep.to_string(),
                 reason: "in-process endpoints are registered, not bound".into(),
@@ -104,6 +113,46 @@ impl Listener {
                 Ok(l)
             }
         }
+    }
+
+    /// Binds and listens on a `tls://` endpoint, serving `config` (see
+    /// [`crate::tls::server_config`]). The URI's client parameters (`ca=`,
+    /// `cert=`, `key=`, `name=`) are refused: they are a client's.
+    pub fn bind_tls(
+        ep: &Endpoint,
+        config: std::sync::Arc<rustls::ServerConfig>,
+    ) -> Result<Listener, TransportError> {
+        let Endpoint::Tls {
+            addr,
+            nodelay,
+            client,
+        } = ep
+        else {
+            return Listener::bind(ep);
+        };
+        if !client.is_empty() {
+            return Err(TransportError::BadUri {
+                uri: ep.to_string(),
+                reason: "ca=, cert=, key= and name= are client settings; the agent's certificate \
+                         comes from --tls-cert/--tls-key (TOML [tls])"
+                    .into(),
+            });
+        }
+        let err = |source: io::Error| TransportError::Io {
+            what: "listen on",
+            endpoint: ep.to_string(),
+            source,
+        };
+        let l = TcpListener::bind(addr.as_str()).map_err(err)?;
+        let local = l.local_addr().map_err(err)?;
+        Ok(Listener {
+            kind: Kind::Tls(l, *nodelay, config),
+            endpoint: Endpoint::Tls {
+                addr: local.to_string(),
+                nodelay: *nodelay,
+                client: Default::default(),
+            },
+        })
     }
 
     /// Sets who may connect to a Unix (or shm control) listener: its
@@ -126,7 +175,7 @@ impl Listener {
     pub fn accept_unix(&self) -> io::Result<UnixStream> {
         match &self.kind {
             Kind::Unix(l, _) => Ok(l.accept()?.0),
-            Kind::Tcp(..) => Err(io::Error::new(
+            Kind::Tcp(..) | Kind::Tls(..) => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "a TCP listener has no Unix streams",
             )),
@@ -149,6 +198,10 @@ impl Listener {
                 let (s, _) = l.accept()?;
                 StreamConn::from_tcp(s, *nodelay)
             }
+            Kind::Tls(l, nodelay, config) => {
+                let (s, _) = l.accept()?;
+                StreamConn::from_tls(TlsSock::server(s, config.clone())?, *nodelay)
+            }
         }
     }
 
@@ -156,7 +209,9 @@ impl Listener {
     pub fn waker(&self) -> io::Result<ListenerWaker> {
         let fd = match &self.kind {
             Kind::Unix(l, _) => std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?,
-            Kind::Tcp(l, _) => std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?,
+            Kind::Tcp(l, _) | Kind::Tls(l, ..) => {
+                std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?
+            }
         };
         Ok(ListenerWaker { fd })
     }
@@ -183,15 +238,18 @@ pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, Transport
             Ok(StreamConn::from_unix(s, ep.to_string()))
         }
         Endpoint::Tcp { addr, nodelay } => {
-            use std::net::ToSocketAddrs;
-            let mut last = io::Error::new(io::ErrorKind::NotFound, "host resolved to no address");
-            for a in addr.to_socket_addrs().map_err(err)? {
-                match TcpStream::connect_timeout(&a, timeout) {
-                    Ok(s) => return StreamConn::from_tcp(s, *nodelay).map_err(err),
-                    Err(e) => last = e,
-                }
-            }
-            Err(err(last))
+            StreamConn::from_tcp(connect_tcp(addr, timeout).map_err(err)?, *nodelay).map_err(err)
+        }
+        Endpoint::Tls {
+            addr,
+            nodelay,
+            client,
+        } => {
+            let config = crate::tls::client_config(client).map_err(|e| err(io::Error::other(e)))?;
+            let name = crate::tls::server_name(addr, client.name.as_deref()).map_err(err)?;
+            let tcp = connect_tcp(addr, timeout).map_err(err)?;
+            let tls = TlsSock::client(tcp, config, name, timeout).map_err(err)?;
+            StreamConn::from_tls(tls, *nodelay).map_err(err)
         }
         Endpoint::Inproc(_) => Err(TransportError::BadUri {
             uri: ep.to_string(),
@@ -202,4 +260,17 @@ pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, Transport
             reason: "shm sessions are opened with transport::shm::ShmChannel::connect".into(),
         }),
     }
+}
+
+/// Connects to the first address of `addr` that answers within `timeout`.
+fn connect_tcp(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "host resolved to no address");
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }

@@ -33,6 +33,7 @@
 use crate::error::RecvError;
 use crate::peer::{Credentials, PeerId};
 use crate::spin::{Spin, SpinGate, SpinSlots, SOCKET_POLLERS};
+use crate::tls::TlsSock;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{recv, sendmsg, RecvFlags, SendAncillaryBuffer, SendFlags};
@@ -81,6 +82,8 @@ pub struct StreamStats {
 enum Sock {
     Unix(Arc<UnixStream>),
     Tcp(Arc<TcpStream>),
+    /// TCP carrying TLS: reads and writes are of plaintext ([`crate::tls`]).
+    Tls(Arc<TlsSock>),
 }
 
 impl Sock {
@@ -88,6 +91,7 @@ impl Sock {
         match self {
             Sock::Unix(s) => s.as_fd(),
             Sock::Tcp(s) => s.as_fd(),
+            Sock::Tls(s) => s.tcp().as_fd(),
         }
     }
 
@@ -95,6 +99,30 @@ impl Sock {
         match self {
             Sock::Unix(s) => (&**s).read(buf),
             Sock::Tcp(s) => (&**s).read(buf),
+            Sock::Tls(s) => s.read(buf),
+        }
+    }
+
+    /// Reads what is there without waiting (`WouldBlock` if nothing is).
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tls(s) => s.try_read(buf),
+            _ => loop {
+                match recv(self.fd(), &mut *buf, RecvFlags::DONTWAIT) {
+                    Ok((n, _)) => return Ok(n),
+                    Err(Errno::INTR) => {}
+                    Err(e) => return Err(io::Error::from_raw_os_error(e.raw_os_error())),
+                }
+            },
+        }
+    }
+
+    /// True when bytes already received wait in user space (TLS
+    /// plaintext decrypted ahead of the reader).
+    fn has_pending(&self) -> bool {
+        match self {
+            Sock::Tls(s) => s.has_pending(),
+            _ => false,
         }
     }
 
@@ -115,16 +143,15 @@ impl Sock {
         let mut spin: Option<Spin> = None;
         let mut slot = None;
         loop {
-            match recv(self.fd(), &mut *buf, RecvFlags::DONTWAIT) {
-                Ok((n, _)) => {
+            match self.try_read(buf) {
+                Ok(n) => {
                     if spin.as_ref().is_some_and(|s| !s.granted().is_zero()) {
                         stats.spins_caught += 1;
                         gate.record(true);
                     }
                     return Ok(n);
                 }
-                Err(Errno::INTR) => {}
-                Err(Errno::AGAIN) => {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let s = spin.get_or_insert_with(|| {
                         let mut budget = gate.grant();
                         if !budget.is_zero() {
@@ -140,7 +167,7 @@ impl Sock {
                         break;
                     }
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
         drop(slot);
@@ -159,6 +186,7 @@ impl Sock {
         match self {
             Sock::Unix(s) => s.shutdown(how),
             Sock::Tcp(s) => s.shutdown(how),
+            Sock::Tls(s) => s.shutdown(how),
         }
     }
 }
@@ -215,11 +243,33 @@ impl StreamConn {
         Ok(StreamConn::new(Sock::Tcp(Arc::new(s)), peer))
     }
 
+    /// Wraps a TLS session over TCP ([`crate::tls`]), setting `TCP_NODELAY`
+    /// to `nodelay` on the socket underneath.
+    pub fn from_tls(s: TlsSock, nodelay: bool) -> io::Result<StreamConn> {
+        s.tcp().set_nodelay(nodelay)?;
+        let peer = s
+            .tcp()
+            .peer_addr()
+            .map_or_else(|_| "tls peer".to_string(), |a| format!("tls {a}"));
+        Ok(StreamConn::new(Sock::Tls(Arc::new(s)), peer))
+    }
+
+    /// The subject alternative DNS names of a TLS peer's verified client
+    /// certificate (once its handshake is done); `None` on other sockets
+    /// and for TLS peers that presented none.
+    pub fn tls_peer_names(&self) -> Option<Vec<String>> {
+        match &self.sock {
+            Sock::Tls(s) => s.peer_names(),
+            _ => None,
+        }
+    }
+
     /// Who is on the other end, for per-peer limits ([`PeerId`]).
     pub fn peer_id(&self) -> io::Result<PeerId> {
         match &self.sock {
             Sock::Unix(s) => PeerId::of_unix(s),
             Sock::Tcp(s) => PeerId::of_tcp(s),
+            Sock::Tls(s) => PeerId::of_tcp(s.tcp()),
         }
     }
 
@@ -228,7 +278,7 @@ impl StreamConn {
     pub fn credentials(&self) -> io::Result<Option<Credentials>> {
         match &self.sock {
             Sock::Unix(s) => Credentials::of_unix(s).map(Some),
-            Sock::Tcp(_) => Ok(None),
+            Sock::Tcp(_) | Sock::Tls(_) => Ok(None),
         }
     }
 
@@ -271,6 +321,10 @@ impl StreamConn {
         match &self.sock {
             Sock::Unix(s) => s.set_read_timeout(t),
             Sock::Tcp(s) => s.set_read_timeout(t),
+            Sock::Tls(s) => {
+                s.set_read_timeout(t);
+                Ok(())
+            }
         }
     }
 
@@ -279,6 +333,10 @@ impl StreamConn {
         match &self.sock {
             Sock::Unix(s) => s.set_write_timeout(t),
             Sock::Tcp(s) => s.set_write_timeout(t),
+            Sock::Tls(s) => {
+                s.set_write_timeout(t);
+                Ok(())
+            }
         }
     }
 
@@ -297,7 +355,7 @@ impl StreamConn {
 
     /// Sends one message; see [`send_message`].
     pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
-        send_message(self.sock.fd(), header, desc, tensors, None)
+        send_message(&self.sock, header, desc, tensors, None)
     }
 
     /// Waits at most `timeout` for something to read (bytes, or the end of
@@ -327,7 +385,7 @@ impl StreamConn {
 
     /// True when bytes of a next message are already buffered (no syscall).
     pub fn has_buffered(&self) -> bool {
-        self.end > self.start
+        self.end > self.start || self.sock.has_pending()
     }
 
     /// Frees the staging buffer if nothing is buffered in it, so that an
@@ -461,7 +519,7 @@ impl AsFd for StreamConn {
 impl StreamWriter {
     /// Sends one message; see [`send_message`].
     pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
-        send_message(self.sock.fd(), header, desc, tensors, None)
+        send_message(&self.sock, header, desc, tensors, None)
     }
 
     /// Sends one message; while the socket is full, calls `on_readable`
@@ -476,7 +534,7 @@ impl StreamWriter {
         timeout: Option<Duration>,
     ) -> io::Result<()> {
         send_message(
-            self.sock.fd(),
+            &self.sock,
             header,
             desc,
             tensors,
@@ -490,7 +548,9 @@ impl StreamWriter {
     }
 }
 
-type Drain<'a> = (&'a mut dyn FnMut() -> io::Result<()>, Option<Duration>);
+/// A send's way of draining the peer while the socket is full: called
+/// each time something arrives, within the timeout of each wait.
+pub(crate) type Drain<'a> = (&'a mut dyn FnMut() -> io::Result<()>, Option<Duration>);
 
 /// Sends header + `desc` + `tensors` as one message with vectored writes.
 ///
@@ -502,7 +562,7 @@ type Drain<'a> = (&'a mut dyn FnMut() -> io::Result<()>, Option<Duration>);
 /// pipelined sender and an agent that answers in order never wait on each
 /// other); its timeout bounds each wait for writability.
 fn send_message(
-    fd: BorrowedFd<'_>,
+    sock: &Sock,
     header: &Header,
     desc: &[u8],
     tensors: &[&[u8]],
@@ -538,6 +598,10 @@ fn send_message(
         ));
     }
     let mut slices: &mut [IoSlice<'_>] = &mut iov;
+    if let Sock::Tls(tls) = sock {
+        return tls.send(slices, drain);
+    }
+    let fd = sock.fd();
     let flags = if drain.is_some() {
         SendFlags::NOSIGNAL | SendFlags::DONTWAIT
     } else {

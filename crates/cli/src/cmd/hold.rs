@@ -59,7 +59,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         return Err("--clients must be 1..=100000 and --seconds at most 3600".into());
     }
     let ep = Endpoint::parse(&a.connect)?;
-    if a.bind.is_some() && !matches!(ep, Endpoint::Tcp { .. }) {
+    if a.bind.is_some() && !matches!(ep, Endpoint::Tcp { .. } | Endpoint::Tls { .. }) {
         return Err("--bind applies to tcp:// endpoints only".into());
     }
     if a.bind.is_some() && !a.no_hello {
@@ -119,7 +119,8 @@ fn bare(ep: &Endpoint, bind: Option<IpAddr>) -> Result<Held, CmdError> {
         Endpoint::Shm(name) => {
             Held::Unix(UnixStream::connect(transport::shm::control_path(name)?)?)
         }
-        Endpoint::Tcp { addr, .. } => {
+        // A bare connection to a tls:// listener never starts its handshake.
+        Endpoint::Tcp { addr, .. } | Endpoint::Tls { addr, .. } => {
             let to: SocketAddr = addr
                 .parse()
                 .map_err(|e| format!("--no-hello needs a numeric tcp address, not {addr}: {e}"))?;

@@ -7,6 +7,7 @@
 //! tokens_sha256 = ["9f86d081…"]   # hex SHA-256 of each accepted token
 //! uids = [1000]                     # unix/shm peers with these uids
 //! gids = [100]                      # ... or with this primary gid
+//! cert_names = ["analytics.example"] # TLS clients whose verified certificate carries this DNS name
 //! models = ["digits", "identity"]   # what it may list and call ("*" = all)
 //! max_in_flight = 64                # requests in flight, all its sessions
 //! max_queued = 32                   # of those, waiting in model queues
@@ -20,7 +21,7 @@
 //! cpu_cgroup = "/sys/fs/cgroup/cpu/tw/analytics"  # its requests' agent work runs here
 //! ```
 //!
-//! A tenant named `default` (no tokens, uids or gids) holds the rights of
+//! A tenant named `default` (no tokens, uids, gids or certificate names) holds the rights of
 //! every identity no other tenant claims; without one, those get no model.
 //! An error names the file and the line of the tenant it is in.
 
@@ -63,6 +64,9 @@ pub struct TenantSpec {
     /// Local peers with these primary group ids (when no tenant lists
     /// their uid).
     pub gids: Vec<u32>,
+    /// TLS clients whose verified certificate carries one of these subject
+    /// alternative DNS names (mutual TLS, `[tls] client_ca`).
+    pub cert_names: Vec<String>,
     /// What it may list and call.
     pub models: ModelSet,
     /// Its quotas (`None`: only the agent's own limits).
@@ -141,6 +145,8 @@ struct TenantToml {
     #[serde(default)]
     gids: Vec<u32>,
     #[serde(default)]
+    cert_names: Vec<String>,
+    #[serde(default)]
     models: Vec<String>,
     max_in_flight: Option<u32>,
     max_queued: Option<u32>,
@@ -177,6 +183,7 @@ pub fn parse(text: &str, path: &str) -> Result<Vec<TenantSpec>, TenantsError> {
     let mut tokens: HashMap<[u8; 32], String> = HashMap::new();
     let mut uids: HashMap<u32, String> = HashMap::new();
     let mut gids: HashMap<u32, String> = HashMap::new();
+    let mut cert_names: HashMap<String, String> = HashMap::new();
     for t in file.tenant {
         let line = line_of(t.span().start);
         let fail = |message: String| TenantsError {
@@ -207,6 +214,13 @@ pub fn parse(text: &str, path: &str) -> Result<Vec<TenantSpec>, TenantsError> {
                 return Err(fail(format!("{who}: gid {g} is also tenant '{other}''s")));
             }
         }
+        for n in &spec.cert_names {
+            if let Some(other) = cert_names.insert(n.clone(), spec.name.clone()) {
+                return Err(fail(format!(
+                    "{who}: certificate name '{n}' is also tenant '{other}''s"
+                )));
+            }
+        }
         specs.push(spec);
     }
     Ok(specs)
@@ -227,11 +241,26 @@ fn check(t: TenantToml) -> Result<TenantSpec, String> {
     }
     let who = format!("tenant '{name}'");
     if name == DEFAULT_TENANT
-        && !(t.tokens_sha256.is_empty() && t.uids.is_empty() && t.gids.is_empty())
+        && !(t.tokens_sha256.is_empty()
+            && t.uids.is_empty()
+            && t.gids.is_empty()
+            && t.cert_names.is_empty())
     {
         return Err(format!(
             "{who} holds the rights of identities no other tenant claims: it takes no \
-             tokens_sha256, uids or gids"
+             tokens_sha256, uids, gids or cert_names"
+        ));
+    }
+    if let Some(n) = t.cert_names.iter().find(|n| {
+        n.is_empty()
+            || n.len() > 253
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".-*".contains(&b))
+    }) {
+        return Err(format!(
+            "{who}: cert_names entry '{n}' is not a DNS name (1..=253 characters of A-Z a-z \
+             0-9 . -)"
         ));
     }
     let tokens_sha256 = t
@@ -323,6 +352,11 @@ fn check(t: TenantToml) -> Result<TenantSpec, String> {
         tokens_sha256,
         uids: t.uids,
         gids: t.gids,
+        cert_names: t
+            .cert_names
+            .iter()
+            .map(|n| n.to_ascii_lowercase())
+            .collect(),
         models,
         quotas: Quotas {
             max_in_flight: t.max_in_flight,

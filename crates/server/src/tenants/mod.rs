@@ -9,10 +9,13 @@
 //! 1. a Hello carrying a bearer token: the tenant that lists the token's
 //!    SHA-256; a token no tenant lists is refused (`permission-denied`),
 //!    and the session ends;
-//! 2. no token, a local peer (unix, shm): the tenant listing its uid
+//! 2. no token, a TLS client with a verified certificate (mutual TLS):
+//!    the tenant listing one of the certificate's DNS names
+//!    (`cert_names`);
+//! 3. no token, a local peer (unix, shm): the tenant listing its uid
 //!    (`SO_PEERCRED`, recorded by the kernel at `connect`), else the
 //!    tenant listing its primary gid;
-//! 3. anyone else: the tenant named `default`, or, when the file has none,
+//! 4. anyone else: the tenant named `default`, or, when the file has none,
 //!    rights to nothing (and, over shm, the smallest arena).
 //!
 //! The session then holds a [`Seat`]: its tenant, checked again only when
@@ -49,7 +52,7 @@ use transport::Credentials;
 use wire::{monotonic_ns, Limits, Status};
 
 /// Who is on the other end of a session, as far as the agent can tell.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Identity {
     /// The kernel's record of a local peer (unix, shm).
     pub creds: Option<Credentials>,
@@ -57,6 +60,8 @@ pub struct Identity {
     pub addr: Option<IpAddr>,
     /// The agent's own process (in-process callers): never checked.
     pub in_process: bool,
+    /// The DNS names of a TLS client's verified certificate (mutual TLS).
+    pub cert_names: Option<Arc<[String]>>,
 }
 
 impl Identity {
@@ -65,6 +70,7 @@ impl Identity {
         creds: None,
         addr: None,
         in_process: true,
+        cert_names: None,
     };
 
     /// A peer known by nothing but the token it may send (front doors).
@@ -72,15 +78,20 @@ impl Identity {
         creds: None,
         addr: None,
         in_process: false,
+        cert_names: None,
     };
 
     /// For log lines: `uid 1000 (pid 42)`, `address 10.0.0.1`, `in-process`.
     pub fn describe(&self) -> String {
+        let cert = match self.cert_names.as_deref() {
+            Some([first, ..]) => format!(" (certificate {first})"),
+            _ => String::new(),
+        };
         match (self.creds, self.addr, self.in_process) {
             (_, _, true) => "in-process".into(),
             (Some(c), _, _) => format!("uid {} gid {} (pid {})", c.uid, c.gid, c.pid),
-            (None, Some(a), _) => format!("address {a}"),
-            (None, None, false) => "a remote peer".into(),
+            (None, Some(a), _) => format!("address {a}{cert}"),
+            (None, None, false) => format!("a remote peer{cert}"),
         }
     }
 }
@@ -198,6 +209,7 @@ struct TenantTable {
     by_token: HashMap<[u8; 32], usize>,
     by_uid: HashMap<u32, usize>,
     by_gid: HashMap<u32, usize>,
+    by_cert_name: HashMap<String, usize>,
     /// The tenant of identities no other claims.
     default: Arc<Tenant>,
 }
@@ -315,11 +327,19 @@ impl Tenants {
                 }
             };
         }
-        let found = who.creds.and_then(|c| {
-            t.by_uid
-                .get(&c.uid)
-                .or_else(|| t.by_gid.get(&c.gid))
+        let by_cert = who.cert_names.as_deref().and_then(|names| {
+            names
+                .iter()
+                .find_map(|n| t.by_cert_name.get(&n.to_ascii_lowercase()))
                 .copied()
+        });
+        let found = by_cert.or_else(|| {
+            who.creds.and_then(|c| {
+                t.by_uid
+                    .get(&c.uid)
+                    .or_else(|| t.by_gid.get(&c.gid))
+                    .copied()
+            })
         });
         Ok(found.map_or_else(|| t.default.clone(), |i| t.tenants[i].clone()))
     }
@@ -369,7 +389,7 @@ impl Tenants {
         }
         Ok(Seat {
             tenants: self.clone(),
-            who: *who,
+            who: who.clone(),
             digest,
             generation: Cell::new(self.generation()),
             tenant: RefCell::new(Ok(tenant)),
@@ -390,7 +410,7 @@ impl Tenants {
         let tenant = self.resolve_digest(who, digest.as_ref())?;
         Ok(Seat {
             tenants: self.clone(),
-            who: *who,
+            who: who.clone(),
             digest,
             generation: Cell::new(self.generation()),
             tenant: RefCell::new(Ok(tenant)),
@@ -452,6 +472,7 @@ fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> 
         by_token: HashMap::new(),
         by_uid: HashMap::new(),
         by_gid: HashMap::new(),
+        by_cert_name: HashMap::new(),
         default: Arc::new(Tenant {
             name: DEFAULT_TENANT.into(),
             models: ModelSet::Named(Default::default()),
@@ -473,6 +494,9 @@ fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> 
             .extend(s.tokens_sha256.iter().map(|d| (*d, i)));
         table.by_uid.extend(s.uids.iter().map(|u| (*u, i)));
         table.by_gid.extend(s.gids.iter().map(|g| (*g, i)));
+        table
+            .by_cert_name
+            .extend(s.cert_names.iter().map(|n| (n.clone(), i)));
         let t = Arc::new(Tenant {
             usage: usage_of(&s.name),
             name: s.name.as_str().into(),
