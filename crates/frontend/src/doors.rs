@@ -21,11 +21,13 @@ use crate::http::{parse_http_uri, HttpFrontend, HTTP_SCHEME};
 use crate::metrics::{parse_metrics_uri, MetricsListener};
 use crate::repository::{Poller, Repository, RepositoryOptions};
 use crate::server::{parse_grpc_uri, FrontendError, GrpcFrontend};
+use crate::tls::{needs_files, DoorTls, GRPCS_SCHEME, HTTPS_SCHEME};
 use crate::GRPC_SCHEME;
-use server::config::{parse_listen, Listen};
+use server::config::{is_tls_front_door, parse_listen, Listen};
 use server::dispatch::AgentCore;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use transport::tls::ServerTlsFiles;
 use transport::Endpoint;
 
 /// A `listen` list sorted by scheme ([`split_listen`]); every URI checked.
@@ -34,9 +36,11 @@ pub struct SplitListen {
     /// The agent's own endpoints (`unix://`, `tcp://`, `shm://`,
     /// `inproc://`), for `AgentConfig::listen`.
     pub endpoints: Vec<Endpoint>,
-    /// The gRPC front doors (`grpc://HOST:PORT`), as given.
+    /// The gRPC front doors (`grpc://HOST:PORT`, and `grpcs://HOST:PORT`
+    /// over TLS), as given.
     pub grpc: Vec<String>,
-    /// The HTTP/REST front doors (`http://HOST:PORT`), as given.
+    /// The HTTP/REST front doors (`http://HOST:PORT`, and
+    /// `https://HOST:PORT` over TLS), as given.
     pub http: Vec<String>,
 }
 
@@ -53,18 +57,23 @@ where
     for uri in listen {
         match parse_listen(uri.as_ref())? {
             Listen::Endpoint(ep) => out.endpoints.push(ep),
-            Listen::FrontDoor(uri) if uri.starts_with(GRPC_SCHEME) => {
+            Listen::FrontDoor(uri)
+                if uri.starts_with(GRPC_SCHEME) || uri.starts_with(GRPCS_SCHEME) =>
+            {
                 parse_grpc_uri(&uri)?;
                 out.grpc.push(uri);
             }
-            Listen::FrontDoor(uri) if uri.starts_with(HTTP_SCHEME) => {
+            Listen::FrontDoor(uri)
+                if uri.starts_with(HTTP_SCHEME) || uri.starts_with(HTTPS_SCHEME) =>
+            {
                 parse_http_uri(&uri)?;
                 out.http.push(uri);
             }
             Listen::FrontDoor(uri) => {
                 return Err(FrontendError::BadAddress {
                     reason: "no front door of this build serves that scheme \
-                             (grpc://HOST:PORT, http://HOST:PORT)"
+                             (grpc://HOST:PORT, grpcs://HOST:PORT, http://HOST:PORT, \
+                             https://HOST:PORT)"
                         .into(),
                     uri,
                 })
@@ -77,9 +86,11 @@ where
 /// What [`FrontDoors::start`] opens.
 #[derive(Clone, Debug, Default)]
 pub struct DoorsConfig {
-    /// gRPC front doors, `grpc://HOST:PORT` (port 0 picks a free one).
+    /// gRPC front doors, `grpc://HOST:PORT`, or `grpcs://HOST:PORT` over
+    /// TLS (port 0 picks a free one).
     pub grpc: Vec<String>,
-    /// HTTP/REST front doors, `http://HOST:PORT`.
+    /// HTTP/REST front doors, `http://HOST:PORT`, or `https://HOST:PORT`
+    /// over TLS.
     pub http: Vec<String>,
     /// A metrics-only listener, `http://HOST:PORT` (`GET /metrics`; every
     /// HTTP front door serves it too).
@@ -87,12 +98,18 @@ pub struct DoorsConfig {
     /// A model repository to serve (opened over the agent's registry; its
     /// models load before any door opens).
     pub repository: Option<RepositoryOptions>,
-    /// Allows gRPC and HTTP doors on addresses other than loopback. The
-    /// doors have no TLS yet: off, such a door is refused at start, since
-    /// its tokens and tensors would cross the network in clear text
-    /// (`AgentConfig::insecure`; the metrics listener carries neither and
-    /// may listen anywhere).
+    /// Allows clear-text gRPC and HTTP doors (`grpc://`, `http://`) on
+    /// addresses other than loopback. Off, such a door is refused at
+    /// start, since its tokens and tensors would cross the network in
+    /// clear text (`AgentConfig::insecure`). TLS doors need no `insecure`
+    /// to listen anywhere; nor does the metrics listener, which carries
+    /// neither.
     pub insecure: bool,
+    /// The agent's certificate, key and optional client CA, for the
+    /// `grpcs://` and `https://` doors (`AgentConfig::tls`, the same
+    /// settings as the agent's `tls://` endpoints). A TLS door without it
+    /// is refused at start; the clear-text doors do not use it.
+    pub tls: Option<ServerTlsFiles>,
 }
 
 /// The running front doors of one agent (module docs).
@@ -124,19 +141,33 @@ impl FrontDoors {
             parse_http_uri(uri)?;
         }
         if !cfg.insecure {
-            for uri in cfg.grpc.iter().chain(&cfg.http) {
+            for uri in cfg
+                .grpc
+                .iter()
+                .chain(&cfg.http)
+                .filter(|u| !is_tls_front_door(u))
+            {
                 let hostport = uri.split_once("://").map_or("", |(_, r)| r);
                 if !server::config::is_loopback(hostport.split('/').next().unwrap_or("")) {
                     return Err(FrontendError::BadAddress {
                         uri: uri.clone(),
-                        reason: "it listens beyond this machine, and the front doors have no \
-                                 TLS yet: tokens and tensors would cross the network in clear \
-                                 text. Listen on 127.0.0.1 (behind a TLS proxy), or give \
-                                 --insecure (TOML [access] insecure = true) on a network you \
-                                 trust"
+                        reason: "it listens beyond this machine in clear text: tokens and \
+                                 tensors would cross the network unencrypted. Use grpcs:// or \
+                                 https:// with --tls-cert FILE --tls-key FILE, listen on \
+                                 127.0.0.1 (behind a TLS proxy), or give --insecure (TOML \
+                                 [access] insecure = true) on a network you trust"
                             .into(),
                     });
                 }
+            }
+        }
+        // Every TLS door has the agent's files, read once (before anything
+        // starts: a file that cannot be used names itself and the door).
+        let mut tls = None;
+        for uri in cfg.grpc.iter().chain(&cfg.http) {
+            if is_tls_front_door(uri) && tls.is_none() {
+                let files = cfg.tls.as_ref().ok_or_else(|| needs_files(uri))?;
+                tls = Some(DoorTls::new(uri, files)?);
             }
         }
         if let Some(uri) = &cfg.metrics {
@@ -158,14 +189,18 @@ impl FrontDoors {
         };
         // On an error `doors` drops, which stops what is in it.
         for uri in &cfg.grpc {
-            doors
-                .grpc
-                .push(GrpcFrontend::start(uri, doors.door.clone())?);
+            doors.grpc.push(GrpcFrontend::start_door(
+                uri,
+                doors.door.clone(),
+                tls.as_ref(),
+            )?);
         }
         for uri in &cfg.http {
-            doors
-                .http
-                .push(HttpFrontend::start(uri, doors.door.clone())?);
+            doors.http.push(HttpFrontend::start_door(
+                uri,
+                doors.door.clone(),
+                tls.as_ref(),
+            )?);
         }
         if let Some(uri) = &cfg.metrics {
             doors.metrics = Some(MetricsListener::start(uri, core)?);
@@ -282,7 +317,9 @@ mod tests {
             ("grpc://nohost", "port"),
             ("http://h:1/v2", "path"),
             ("grpc://:1", "port"),
-            ("https://h:1", "unknown scheme"),
+            ("https://h:1/v2", "path"),
+            ("grpcs://h", "port"),
+            ("ftp://h:1", "unknown scheme"),
             ("tcp://h", "port"),
             ("nothing", "SCHEME://"),
         ] {
@@ -305,6 +342,7 @@ mod tests {
                 metrics: Some("http://127.0.0.1:0".into()),
                 repository: None,
                 insecure: false,
+                tls: None,
             },
         )
         .expect("start");

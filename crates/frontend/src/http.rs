@@ -1,5 +1,6 @@
 //! [`HttpFrontend`]: the KServe v2 HTTP/REST listener on
-//! `http://HOST:PORT` (axum on its own tokio runtime), with JSON tensors,
+//! `http://HOST:PORT` or, over TLS, `https://HOST:PORT` (axum on its own
+//! tokio runtime; TLS in `tls`), with JSON tensors,
 //! the binary tensor data extension and Triton's system shared-memory
 //! extension (`/v2/systemsharedmemory/...`, and `shared_memory_*` tensor
 //! parameters). Each inference is turned into the gRPC front door's input
@@ -23,6 +24,7 @@ use crate::service::{
 };
 use crate::statistics::{model_statistics, stats_json, Refusal};
 use crate::sysshm::{shm_ref, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
+use crate::tls::{needs_files, DoorTls, PlainText, TlsIncoming, HTTPS_SCHEME};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -36,6 +38,7 @@ use server::Via;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::{Code, Status};
+use transport::tls::ServerTlsFiles;
 use wire::DType;
 
 /// The URI scheme of the HTTP front door.
@@ -47,9 +50,10 @@ const HEADER_LEN: &str = "inference-header-content-length";
 /// Room for the JSON on top of the agent's `max_payload`.
 const BODY_OVERHEAD: u64 = 1 << 20;
 
-/// The `HOST:PORT` of an `http://HOST:PORT` URI (port 0 picks a free one).
+/// The `HOST:PORT` of an `http://HOST:PORT` or `https://HOST:PORT` (TLS)
+/// URI (port 0 picks a free one).
 pub fn parse_http_uri(uri: &str) -> Result<&str, FrontendError> {
-    parse_host_port(uri, HTTP_SCHEME, "HTTP")
+    parse_host_port(uri, &[HTTP_SCHEME, HTTPS_SCHEME], "HTTP").map(|(_, addr)| addr)
 }
 
 /// A running KServe v2 HTTP/REST front door.
@@ -70,9 +74,40 @@ struct App {
 impl HttpFrontend {
     /// Starts serving `door` on `listen` (`http://HOST:PORT`). Request
     /// bodies over the core's `max_payload` plus 1 MiB are refused with 413
-    /// (on their Content-Length, before they are read).
+    /// (on their Content-Length, before they are read). An `https://` door
+    /// needs [`HttpFrontend::start_with`].
     pub fn start(listen: &str, door: Arc<FrontDoor>) -> Result<HttpFrontend, FrontendError> {
-        let addr = parse_http_uri(listen)?;
+        HttpFrontend::start_with(listen, door, None)
+    }
+
+    /// [`HttpFrontend::start`] for `http://HOST:PORT` or, with the agent's
+    /// TLS files, `https://HOST:PORT` (the same routes over TLS, ALPN
+    /// `http/1.1`; a client CA in `tls` makes client certificates
+    /// required). `tls` is not used by an `http://` door.
+    pub fn start_with(
+        listen: &str,
+        door: Arc<FrontDoor>,
+        tls: Option<&ServerTlsFiles>,
+    ) -> Result<HttpFrontend, FrontendError> {
+        let tls = match tls {
+            Some(files) if listen.starts_with(HTTPS_SCHEME) => Some(DoorTls::new(listen, files)?),
+            _ => None,
+        };
+        HttpFrontend::start_door(listen, door, tls.as_ref())
+    }
+
+    /// Starts a door with its TLS configuration already read.
+    pub(crate) fn start_door(
+        listen: &str,
+        door: Arc<FrontDoor>,
+        tls: Option<&DoorTls>,
+    ) -> Result<HttpFrontend, FrontendError> {
+        let (scheme, addr) = parse_host_port(listen, &[HTTP_SCHEME, HTTPS_SCHEME], "HTTP")?;
+        let tls = match (scheme == HTTPS_SCHEME, tls) {
+            (false, _) => None,
+            (true, Some(tls)) => Some(tls.http()),
+            (true, None) => return Err(needs_files(listen)),
+        };
         let shared = Arc::new(Shared::via(Via::Http));
         let app = App {
             max_body: door.core.limits.max_payload.saturating_add(BODY_OVERHEAD),
@@ -81,20 +116,39 @@ impl HttpFrontend {
             shared: shared.clone(),
         };
         let router = router(app);
-        Running::start(
-            listen,
-            addr,
-            HTTP_SCHEME,
-            "tw-http-frontend",
-            shared,
-            |listener, stopped| async move {
-                let _ = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.await;
-                    })
-                    .await;
-            },
-        )
+        let stop = |stopped: tokio::sync::oneshot::Receiver<()>| async move {
+            let _ = stopped.await;
+        };
+        let name = "tw-http-frontend";
+        match tls {
+            None => Running::start(
+                listen,
+                addr,
+                scheme,
+                name,
+                shared,
+                |listener, stopped| async move {
+                    let _ = axum::serve(listener, router)
+                        .with_graceful_shutdown(stop(stopped))
+                        .await;
+                },
+            ),
+            // The same server over connections whose handshakes finished
+            // (tls::TlsIncoming), with the same graceful shutdown.
+            Some(config) => Running::start(
+                listen,
+                addr,
+                scheme,
+                name,
+                shared,
+                |listener, stopped| async move {
+                    let incoming = TlsIncoming::start(listener, config, PlainText::HttpError);
+                    let _ = axum::serve(incoming, router)
+                        .with_graceful_shutdown(stop(stopped))
+                        .await;
+                },
+            ),
+        }
         .map(HttpFrontend)
     }
 

@@ -15,6 +15,11 @@
 //! registry, limits, payload budget, per-model queue, counters and
 //! shutdown as a request that came over `unix://` or `shm://`.
 //!
+//! Either door also listens over TLS: `grpcs://HOST:PORT` and
+//! `https://HOST:PORT` are the same doors over the agent's rustls
+//! configuration (`serve --tls-cert FILE --tls-key FILE [--tls-client-ca
+//! FILE]`; `tls`), so they may listen beyond loopback without `insecure`.
+//!
 //! Both also serve Triton's system shared-memory extension (`sysshm`):
 //! clients register POSIX shared-memory regions, then send inputs and
 //! receive outputs through them instead of the socket; one registry serves
@@ -33,7 +38,8 @@
 //! `infer_over_core` path both front doors share), `sysshm` (the
 //! registered shared-memory regions and their use by requests), `http`
 //! (the REST routes over that same path), `door` (the state the doors
-//! share), `server` (the listeners and their tokio runtime),
+//! share), `server` (the listeners and their tokio runtime), `tls` (the
+//! TLS doors' handshakes, off the accept loop),
 //! `doors` ([`FrontDoors`]: every door of one agent, the repository and
 //! the metrics listener started and stopped as one, in the order
 //! `tensorwire serve` and the Python `Agent` share; [`split_listen`] sorts
@@ -60,6 +66,7 @@ mod statistics;
 mod sysshm;
 #[cfg(test)]
 mod test_support;
+mod tls;
 
 pub use datatype::{dtype_from_kserve, kserve_datatype};
 pub use door::FrontDoor;
@@ -69,6 +76,7 @@ pub use metrics::{parse_metrics_uri, Metrics, MetricsListener};
 pub use repository::{ControlMode, Repository, RepositoryError, RepositoryOptions};
 pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
 pub use service::KServeService;
+pub use tls::{GRPCS_SCHEME, HANDSHAKE_TIMEOUT, HTTPS_SCHEME};
 
 /// The KServe v2 protocol types and the tonic service and client, generated
 /// from `proto/grpc_service.proto` (protobuf package `inference`).

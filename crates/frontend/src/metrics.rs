@@ -696,7 +696,7 @@ impl MetricsListener {
 
 /// The `HOST:PORT` of a metrics listener's `http://HOST:PORT`.
 pub fn parse_metrics_uri(uri: &str) -> Result<&str, FrontendError> {
-    parse_host_port(uri, HTTP_SCHEME, "metrics")
+    parse_host_port(uri, &[HTTP_SCHEME], "metrics").map(|(_, addr)| addr)
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
-//! [`GrpcFrontend`]: the KServe v2 gRPC listener on `grpc://HOST:PORT`,
-//! with its own tokio runtime, serving [`KServeService`] over an agent
-//! core until stopped.
+//! [`GrpcFrontend`]: the KServe v2 gRPC listener on `grpc://HOST:PORT`
+//! (or `grpcs://HOST:PORT`, over TLS: `tls`), with its own tokio runtime,
+//! serving [`KServeService`] over an agent core until stopped.
 
 use crate::door::FrontDoor;
 use crate::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::service::{KServeService, Shared};
+use crate::tls::{needs_files, DoorTls, PlainText, TlsIncoming, GRPCS_SCHEME};
 use crate::{GRPC_SCHEME, MAX_MESSAGE_BYTES};
 use server::Via;
 use std::io;
@@ -12,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+use transport::tls::ServerTlsFiles;
 
 /// How long [`GrpcFrontend::shutdown`] lets calls in flight finish.
 const GRACE: Duration = Duration::from_secs(5);
@@ -24,28 +26,34 @@ const LINGER: Duration = Duration::from_millis(100);
 /// parameters, protobuf framing) on top of the agent's `max_payload`.
 const MESSAGE_OVERHEAD: u64 = 1 << 20;
 
-/// `HOST:PORT` of `SCHEME HOST:PORT` (port 0 picks a free one).
+/// `HOST:PORT` of `SCHEME HOST:PORT`, for any of `schemes` (port 0
+/// picks a free one); the scheme it has comes first.
 pub(crate) fn parse_host_port<'a>(
     uri: &'a str,
-    scheme: &str,
+    schemes: &[&'static str],
     what: &str,
-) -> Result<&'a str, FrontendError> {
+) -> Result<(&'static str, &'a str), FrontendError> {
     let bad = |reason: String| FrontendError::BadAddress {
         uri: uri.to_string(),
         reason,
     };
-    let addr = uri.strip_prefix(scheme).ok_or_else(|| {
-        bad(format!(
-            "the {what} front door listens on {scheme}HOST:PORT"
-        ))
-    })?;
+    let Some((scheme, addr)) = schemes
+        .iter()
+        .find_map(|s| uri.strip_prefix(s).map(|addr| (*s, addr)))
+    else {
+        let forms: Vec<String> = schemes.iter().map(|s| format!("{s}HOST:PORT")).collect();
+        return Err(bad(format!(
+            "the {what} front door listens on {}",
+            forms.join(" or ")
+        )));
+    };
     if addr.contains(['/', '?']) {
         return Err(bad(format!(
             "expected {scheme}HOST:PORT, with no path or options"
         )));
     }
     match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(addr),
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok((scheme, addr)),
         _ => Err(bad(format!("missing or bad port ({scheme}HOST:PORT)"))),
     }
 }
@@ -53,7 +61,8 @@ pub(crate) fn parse_host_port<'a>(
 /// Why the front door could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum FrontendError {
-    /// The URI is not `grpc://HOST:PORT` (or `http://HOST:PORT`).
+    /// The URI is not `grpc[s]://HOST:PORT` (or `http[s]://HOST:PORT`), or
+    /// it is a TLS door and the agent has no certificate.
     #[error("bad front door address '{uri}': {reason}")]
     BadAddress {
         /// The URI as given.
@@ -68,6 +77,14 @@ pub enum FrontendError {
         uri: String,
         /// The OS error.
         source: io::Error,
+    },
+    /// A TLS door's certificate, key or client CA cannot be used.
+    #[error("cannot serve {uri}: {source}")]
+    Tls {
+        /// The door that needed it.
+        uri: String,
+        /// The file at fault, and why.
+        source: transport::tls::TlsError,
     },
     /// The tokio runtime could not be started.
     #[error("cannot start the tokio runtime: {0}")]
@@ -85,9 +102,10 @@ pub enum FrontendError {
     Repository(#[from] crate::repository::RepositoryError),
 }
 
-/// The `HOST:PORT` of a `grpc://HOST:PORT` URI (port 0 picks a free one).
+/// The `HOST:PORT` of a `grpc://HOST:PORT` or `grpcs://HOST:PORT` (TLS)
+/// URI (port 0 picks a free one).
 pub fn parse_grpc_uri(uri: &str) -> Result<&str, FrontendError> {
-    parse_host_port(uri, GRPC_SCHEME, "gRPC")
+    parse_host_port(uri, &[GRPC_SCHEME, GRPCS_SCHEME], "gRPC").map(|(_, addr)| addr)
 }
 
 /// A running gRPC front door.
@@ -102,8 +120,39 @@ impl GrpcFrontend {
     /// the socket is listening. Requests larger than the core's
     /// `max_payload` (plus 1 MiB for the message's other fields) are
     /// refused by tonic with RESOURCE_EXHAUSTED before they are decoded.
+    /// A `grpcs://` door needs [`GrpcFrontend::start_with`].
     pub fn start(listen: &str, door: Arc<FrontDoor>) -> Result<GrpcFrontend, FrontendError> {
-        let addr = parse_grpc_uri(listen)?;
+        GrpcFrontend::start_with(listen, door, None)
+    }
+
+    /// [`GrpcFrontend::start`] for `grpc://HOST:PORT` or, with the agent's
+    /// TLS files, `grpcs://HOST:PORT` (the same service over TLS, ALPN
+    /// `h2`; a client CA in `tls` makes client certificates required).
+    /// `tls` is not used by a `grpc://` door.
+    pub fn start_with(
+        listen: &str,
+        door: Arc<FrontDoor>,
+        tls: Option<&ServerTlsFiles>,
+    ) -> Result<GrpcFrontend, FrontendError> {
+        let tls = match tls {
+            Some(files) if listen.starts_with(GRPCS_SCHEME) => Some(DoorTls::new(listen, files)?),
+            _ => None,
+        };
+        GrpcFrontend::start_door(listen, door, tls.as_ref())
+    }
+
+    /// Starts a door with its TLS configuration already read.
+    pub(crate) fn start_door(
+        listen: &str,
+        door: Arc<FrontDoor>,
+        tls: Option<&DoorTls>,
+    ) -> Result<GrpcFrontend, FrontendError> {
+        let (scheme, addr) = parse_host_port(listen, &[GRPC_SCHEME, GRPCS_SCHEME], "gRPC")?;
+        let tls = match (scheme == GRPCS_SCHEME, tls) {
+            (false, _) => None,
+            (true, Some(tls)) => Some(tls.grpc()),
+            (true, None) => return Err(needs_files(listen)),
+        };
         let max_message = usize::try_from(
             door.core
                 .limits
@@ -117,26 +166,36 @@ impl GrpcFrontend {
             GrpcInferenceServiceServer::new(KServeService::with_shared(door, shared.clone()))
                 .max_decoding_message_size(max_message)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        Running::start(
-            listen,
-            addr,
-            GRPC_SCHEME,
-            "tw-grpc-frontend",
-            shared,
-            |listener, stopped| {
+        let router = tonic::transport::Server::builder().add_service(service);
+        // A dropped sender stops the server too.
+        let stop = |stopped: oneshot::Receiver<()>| async move {
+            let _ = stopped.await;
+        };
+        let name = "tw-grpc-frontend";
+        match tls {
+            None => Running::start(listen, addr, scheme, name, shared, |listener, stopped| {
                 let incoming =
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                let router = tonic::transport::Server::builder().add_service(service);
                 async move {
                     let _ = router
-                        .serve_with_incoming_shutdown(incoming, async move {
-                            // A dropped sender stops the server too.
-                            let _ = stopped.await;
-                        })
+                        .serve_with_incoming_shutdown(incoming, stop(stopped))
                         .await;
                 }
-            },
-        )
+            }),
+            Some(config) => Running::start(
+                listen,
+                addr,
+                scheme,
+                name,
+                shared,
+                |listener, stopped| async move {
+                    let incoming = TlsIncoming::start(listener, config, PlainText::Close);
+                    let _ = router
+                        .serve_with_incoming_shutdown(incoming.into_stream(), stop(stopped))
+                        .await;
+                },
+            ),
+        }
         .map(GrpcFrontend)
     }
 

@@ -109,10 +109,21 @@ pub struct Args {
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
     /// Allow tcp://, grpc:// and http:// listeners on addresses other than
-    /// loopback. The agent has no TLS yet: tokens and tensors cross the
-    /// network in clear text.
+    /// loopback: tokens and tensors cross the network in clear text. TLS
+    /// listeners (tls://, grpcs://, https://) need no leave.
     #[arg(long)]
     insecure: bool,
+    /// The agent's TLS certificate chain (PEM), for tls://, grpcs:// and
+    /// https:// listeners.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// A CA (PEM): TLS clients must show a certificate it signed (mutual
+    /// TLS); a tenants file's `cert_names` match that certificate's names.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// Runs the agent in the foreground.
@@ -181,6 +192,14 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         cfg.socket_group = Some(g.clone());
     }
     cfg.insecure |= a.insecure;
+    if a.tls_cert.is_some() || a.tls_key.is_some() || a.tls_client_ca.is_some() {
+        let file = cfg.tls.take().unwrap_or_default();
+        cfg.tls = server::config::tls_files(
+            a.tls_cert.clone().or(Some(file.cert)),
+            a.tls_key.clone().or(Some(file.key)),
+            a.tls_client_ca.clone().or(file.client_ca),
+        )?;
+    }
     if cfg.listen.is_empty() && listen.grpc.is_empty() && listen.http.is_empty() {
         return Err(
             "nothing to listen on: give --listen URI (e.g. unix:///tmp/tensorwire.sock)".into(),
@@ -214,6 +233,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         metrics: a.metrics_listen.clone(),
         repository,
         insecure: cfg.insecure,
+        tls: cfg.tls.clone(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

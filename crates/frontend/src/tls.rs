@@ -1,0 +1,732 @@
+//! TLS for the front doors: `grpcs://HOST:PORT` and `https://HOST:PORT`
+//! are the `grpc://` and `http://` doors with their bytes encrypted. Same
+//! door, same core, same service: only the listener differs.
+//!
+//! The rustls configuration is the agent's own
+//! ([`transport::tls::server_config`], from `--tls-cert`, `--tls-key` and
+//! `--tls-client-ca`), so every listener of an agent has the same TLS
+//! settings; each door only adds its ALPN protocol (`h2` for gRPC, which
+//! gRPC clients insist on, `http/1.1` for the REST door). With a client
+//! CA, a client without a certificate signed by it fails the handshake.
+//!
+//! Handshakes never run in the accept loop: [`TlsIncoming`] accepts TCP
+//! connections and handshakes each in a task of its own, bounded by
+//! [`HANDSHAKE_TIMEOUT`], then hands the finished stream to the door's
+//! server (tonic or axum). A client that connects and never handshakes
+//! holds up nobody but itself, and is closed when its time is up. A
+//! plain-text HTTP request sent to an `https://` door gets a 400 saying
+//! so (in the KServe error JSON), rather than a bare reset.
+
+use crate::server::FrontendError;
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use transport::tls::ServerTlsFiles;
+
+/// The URI scheme of the gRPC front door over TLS.
+pub const GRPCS_SCHEME: &str = "grpcs://";
+
+/// The URI scheme of the HTTP/REST front door over TLS.
+pub const HTTPS_SCHEME: &str = "https://";
+
+/// How long a client has, from its TCP connect, to complete the TLS
+/// handshake on a `grpcs://` or `https://` door.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in progress at once on one door; past that, the door stops
+/// accepting (the kernel's backlog holds new connections) until one ends.
+const MAX_HANDSHAKES: usize = 1024;
+
+/// The first byte of every TLS connection: a handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// What a plain-text HTTP client is told on an `https://` door.
+const PLAIN_HTTP_ERROR: &str = "this door speaks HTTPS: the agent expects a TLS handshake on \
+                                this port (https://; tritonclient.http: ssl=True)";
+
+/// The error for a TLS door (`uri`) of an agent given no certificate.
+pub(crate) fn needs_files(uri: &str) -> FrontendError {
+    FrontendError::BadAddress {
+        uri: uri.to_string(),
+        reason: "a TLS front door needs the agent's certificate and key: give --tls-cert FILE \
+                 --tls-key FILE (TOML [tls] cert, key)"
+            .into(),
+    }
+}
+
+/// The rustls configurations of one agent's TLS doors, read once from its
+/// files: the same settings, with each protocol's ALPN.
+#[derive(Clone, Debug)]
+pub(crate) struct DoorTls {
+    grpc: Arc<ServerConfig>,
+    http: Arc<ServerConfig>,
+}
+
+impl DoorTls {
+    /// Reads `files` ([`transport::tls::server_config`]); an error names
+    /// `uri` (the door that needed them) and the file at fault.
+    pub(crate) fn new(uri: &str, files: &ServerTlsFiles) -> Result<DoorTls, FrontendError> {
+        let base = transport::tls::server_config(files).map_err(|source| FrontendError::Tls {
+            uri: uri.to_string(),
+            source,
+        })?;
+        let with_alpn = |proto: &[u8]| {
+            let mut cfg = ServerConfig::clone(&base);
+            cfg.alpn_protocols = vec![proto.to_vec()];
+            Arc::new(cfg)
+        };
+        Ok(DoorTls {
+            grpc: with_alpn(b"h2"),
+            http: with_alpn(b"http/1.1"),
+        })
+    }
+
+    /// For a gRPC door: ALPN `h2`.
+    pub(crate) fn grpc(&self) -> Arc<ServerConfig> {
+        self.grpc.clone()
+    }
+
+    /// For an HTTP/1.1 door: ALPN `http/1.1`.
+    pub(crate) fn http(&self) -> Arc<ServerConfig> {
+        self.http.clone()
+    }
+}
+
+/// What a door does with a client that does not start with a TLS
+/// handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PlainText {
+    /// Closes the connection.
+    Close,
+    /// Answers `400 Bad Request` with a KServe error body, then closes.
+    HttpError,
+}
+
+/// A TLS door's listener: TCP connections accepted and handshaken in
+/// tasks of their own (module docs); finished ones come out of it, as
+/// axum's [`axum::serve::Listener`] or as tonic's incoming stream.
+///
+/// Dropping it stops the accepting (and closes the socket) once the task
+/// notices, and drops every handshake that finishes afterwards.
+pub(crate) struct TlsIncoming {
+    rx: mpsc::Receiver<(TlsConn, SocketAddr)>,
+    local: Result<SocketAddr, io::ErrorKind>,
+}
+
+impl TlsIncoming {
+    /// Starts accepting on `listener` with `config`. Must be called on a
+    /// tokio runtime (it spawns the accept task).
+    pub(crate) fn start(
+        listener: TcpListener,
+        config: Arc<ServerConfig>,
+        plain: PlainText,
+    ) -> TlsIncoming {
+        let local = listener.local_addr().map_err(|e| e.kind());
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(accept_loop(listener, TlsAcceptor::from(config), plain, tx));
+        TlsIncoming { rx, local }
+    }
+
+    /// The finished connections as a stream, for tonic's
+    /// `serve_with_incoming`.
+    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<TlsConn, Infallible>> {
+        ReceiverStream::new(self.rx).map(|(conn, _)| Ok(conn))
+    }
+}
+
+impl axum::serve::Listener for TlsIncoming {
+    type Io = TlsConn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TlsConn, SocketAddr) {
+        match self.rx.recv().await {
+            Some(conn) => conn,
+            // The accept task is gone (it only ends when this is dropped).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.local.map_err(io::Error::from)
+    }
+}
+
+/// Accepts connections until the receiving side is dropped; handshakes
+/// each in its own task.
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    plain: PlainText,
+    tx: mpsc::Sender<(TlsConn, SocketAddr)>,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            () = tx.closed() => return,
+        };
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            () = tx.closed() => return,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // As axum and hyper do: a connection that went away is
+                // nothing; anything else (out of file descriptors) waits.
+                if !matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::ConnectionAborted
+                        | io::ErrorKind::ConnectionReset
+                ) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let done =
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &acceptor, plain)).await;
+            drop(permit);
+            if let Ok(Some(conn)) = done {
+                // Fails only when the door is closing: the connection drops.
+                let _ = tx.send((conn, peer)).await;
+            }
+        });
+    }
+}
+
+/// The TLS handshake of one connection; `None` when it fails (the
+/// connection is closed).
+async fn handshake(tcp: TcpStream, acceptor: &TlsAcceptor, plain: PlainText) -> Option<TlsConn> {
+    let mut first = [0u8; 1];
+    match tcp.peek(&mut first).await {
+        Ok(1) => {}
+        _ => return None,
+    }
+    if first[0] != TLS_HANDSHAKE_RECORD {
+        if plain == PlainText::HttpError {
+            refuse_plain_http(tcp).await;
+        }
+        return None;
+    }
+    let info = TcpConnectInfo {
+        local_addr: tcp.local_addr().ok(),
+        remote_addr: tcp.peer_addr().ok(),
+    };
+    let inner = acceptor.accept(tcp).await.ok()?;
+    Some(TlsConn { inner, info })
+}
+
+/// Answers a plain-text HTTP request with 400 and the reason, then closes.
+async fn refuse_plain_http(mut tcp: TcpStream) {
+    let body = serde_json::json!({ "error": PLAIN_HTTP_ERROR }).to_string();
+    let reply = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut buf = vec![0u8; 16 << 10];
+    // The request's head first, so that closing does not reset the reply
+    // away before the client reads it.
+    let _ = tcp.read(&mut buf).await;
+    if tcp.write_all(reply.as_bytes()).await.is_err() {
+        return;
+    }
+    let _ = tcp.shutdown().await;
+    // Then whatever body follows, for a moment and up to 1 MiB.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut left = 1usize << 20;
+        while left > 0 {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+/// A connection of a TLS door, handshake done.
+pub(crate) struct TlsConn {
+    inner: TlsStream<TcpStream>,
+    info: TcpConnectInfo,
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl Connected for TlsConn {
+    // The plain gRPC door's: a call sees the same peer address either way.
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.info.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_support::identity_core as core;
+    use crate::{DoorsConfig, FrontDoors, GrpcFrontend, HttpFrontend};
+    use std::io::{self, Read, Write};
+    use std::net::TcpStream;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use tokio_rustls::rustls::{ClientConfig, ClientConnection, StreamOwned};
+    use transport::tls::{client_config, server_name, ServerTlsFiles, TlsClientParams};
+
+    /// A CA's files: the agent's certificate (localhost, 127.0.0.1) and
+    /// key, and a client's.
+    struct Pki {
+        ca: PathBuf,
+        server: ServerTlsFiles,
+        client_cert: PathBuf,
+        client_key: PathBuf,
+    }
+
+    fn make_pki(dir: &Path) -> Pki {
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("test CA {}", dir.display()),
+        );
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).expect("CA");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).expect("write");
+            p
+        };
+        let leaf = |names: &[&str], file: &str| {
+            let key = rcgen::KeyPair::generate().expect("key");
+            let cert = rcgen::CertificateParams::new(
+                names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            )
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("sign");
+            (
+                write(&format!("{file}.pem"), &cert.pem()),
+                write(&format!("{file}.key"), &key.serialize_pem()),
+            )
+        };
+        let (cert, key) = leaf(&["localhost", "127.0.0.1"], "server");
+        let (client_cert, client_key) = leaf(&["client.test"], "client");
+        Pki {
+            ca: write("ca.pem", &ca.pem()),
+            server: ServerTlsFiles {
+                cert,
+                key,
+                client_ca: None,
+            },
+            client_cert,
+            client_key,
+        }
+    }
+
+    /// A client trusting `ca`, with a certificate when given, offering
+    /// `alpn`.
+    fn client(ca: &Path, cert: Option<(&Path, &Path)>, alpn: &[u8]) -> Arc<ClientConfig> {
+        let cfg = client_config(&TlsClientParams {
+            ca: Some(ca.to_path_buf()),
+            cert: cert.map(|(c, _)| c.to_path_buf()),
+            key: cert.map(|(_, k)| k.to_path_buf()),
+            name: None,
+        })
+        .expect("client config");
+        let mut cfg = ClientConfig::clone(&cfg);
+        cfg.alpn_protocols = vec![alpn.to_vec()];
+        Arc::new(cfg)
+    }
+
+    fn addr(uri: &str) -> &str {
+        uri.split_once("://").map_or(uri, |(_, a)| a)
+    }
+
+    type TlsClient = StreamOwned<ClientConnection, TcpStream>;
+
+    /// A TLS connection to `uri`, handshake done; the protocol ALPN chose.
+    fn connect(uri: &str, cfg: Arc<ClientConfig>) -> io::Result<(TlsClient, Option<Vec<u8>>)> {
+        let addr = addr(uri);
+        let mut tcp = TcpStream::connect(addr)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut conn = ClientConnection::new(cfg, server_name(addr, Some("localhost"))?)
+            .map_err(io::Error::other)?;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp)?;
+        }
+        let alpn = conn.alpn_protocol().map(<[u8]>::to_vec);
+        Ok((StreamOwned::new(conn, tcp), alpn))
+    }
+
+    /// The status line and body of `GET path` on a stream.
+    fn get_on(s: &mut impl ReadWrite, path: &str) -> io::Result<(u16, String)> {
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )?;
+        s.flush()?;
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => reply.extend_from_slice(&buf[..n]),
+                // No close_notify after the reply is not our concern.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && !reply.is_empty() => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        let status = reply
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("no status in {reply:?}")))?;
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        Ok((status, body))
+    }
+
+    trait ReadWrite: Read + Write {}
+    impl<T: Read + Write> ReadWrite for T {}
+
+    /// `GET path` on an `https://` door.
+    fn https_get(uri: &str, cfg: Arc<ClientConfig>, path: &str) -> io::Result<u16> {
+        let (mut s, _) = connect(uri, cfg)?;
+        get_on(&mut s, path).map(|(status, _)| status)
+    }
+
+    fn start(files: Option<ServerTlsFiles>, grpc: &[&str], http: &[&str]) -> FrontDoors {
+        FrontDoors::start(
+            core(),
+            DoorsConfig {
+                grpc: grpc.iter().map(|u| u.to_string()).collect(),
+                http: http.iter().map(|u| u.to_string()).collect(),
+                tls: files,
+                ..DoorsConfig::default()
+            },
+        )
+        .expect("start")
+    }
+
+    #[test]
+    fn tls_doors_without_files_or_with_bad_ones_are_named() {
+        for (grpc, http) in [
+            (vec!["grpcs://127.0.0.1:0"], vec![]),
+            (vec!["grpc://127.0.0.1:0"], vec!["https://127.0.0.1:0"]),
+        ] {
+            let uri = grpc
+                .iter()
+                .chain(&http)
+                .find(|u| u.contains("s://"))
+                .expect("tls");
+            let e = FrontDoors::start(
+                core(),
+                DoorsConfig {
+                    grpc: grpc.iter().map(|u| u.to_string()).collect(),
+                    http: http.iter().map(|u| u.to_string()).collect(),
+                    ..DoorsConfig::default()
+                },
+            )
+            .expect_err("no TLS files")
+            .to_string();
+            assert!(e.contains(uri), "{e}");
+            assert!(e.contains("--tls-cert FILE --tls-key FILE"), "{e}");
+        }
+        let e = GrpcFrontend::start("grpcs://127.0.0.1:0", crate::FrontDoor::new(core()))
+            .expect_err("no TLS files")
+            .to_string();
+        assert!(e.contains("--tls-cert"), "{e}");
+        let e = HttpFrontend::start("https://127.0.0.1:0", crate::FrontDoor::new(core()))
+            .expect_err("no TLS files")
+            .to_string();
+        assert!(e.contains("--tls-cert"), "{e}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = make_pki(dir.path());
+        let missing = dir.path().join("missing.pem");
+        for files in [
+            ServerTlsFiles {
+                cert: missing.clone(),
+                ..pki.server.clone()
+            },
+            ServerTlsFiles {
+                key: missing.clone(),
+                ..pki.server.clone()
+            },
+            ServerTlsFiles {
+                client_ca: Some(missing.clone()),
+                ..pki.server.clone()
+            },
+        ] {
+            let e = FrontDoors::start(
+                core(),
+                DoorsConfig {
+                    http: vec!["https://127.0.0.1:0".into()],
+                    tls: Some(files),
+                    ..DoorsConfig::default()
+                },
+            )
+            .expect_err("a missing file")
+            .to_string();
+            assert!(e.contains("https://127.0.0.1:0"), "{e}");
+            assert!(e.contains(&missing.display().to_string()), "{e}");
+        }
+        // A key of another certificate.
+        let e = HttpFrontend::start_with(
+            "https://127.0.0.1:0",
+            crate::FrontDoor::new(core()),
+            Some(&ServerTlsFiles {
+                key: pki.client_key.clone(),
+                ..pki.server.clone()
+            }),
+        )
+        .expect_err("a key that does not fit")
+        .to_string();
+        assert!(e.contains("does not fit"), "{e}");
+        // Clear-text doors do not read the files at all.
+        let plain = start(
+            Some(ServerTlsFiles {
+                cert: missing,
+                ..pki.server
+            }),
+            &["grpc://127.0.0.1:0"],
+            &["http://127.0.0.1:0"],
+        );
+        plain.shutdown();
+    }
+
+    #[test]
+    fn tls_doors_may_listen_beyond_loopback_without_insecure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = make_pki(dir.path());
+        let doors = start(
+            Some(pki.server.clone()),
+            &["grpcs://0.0.0.0:0"],
+            &["https://0.0.0.0:0"],
+        );
+        let uris = doors.uris();
+        assert!(uris[0].starts_with("grpcs://0.0.0.0:"), "{uris:?}");
+        assert!(uris[1].starts_with("https://0.0.0.0:"), "{uris:?}");
+        doors.shutdown();
+        // A clear-text door beside them still needs insecure.
+        let e = FrontDoors::start(
+            core(),
+            DoorsConfig {
+                grpc: vec!["grpcs://0.0.0.0:0".into()],
+                http: vec!["http://0.0.0.0:0".into()],
+                tls: Some(pki.server),
+                ..DoorsConfig::default()
+            },
+        )
+        .expect_err("clear text beyond loopback")
+        .to_string();
+        assert!(
+            e.contains("http://0.0.0.0:0") && e.contains("--insecure"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn doors_serve_over_tls_and_refuse_strangers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = make_pki(dir.path());
+        let other_dir = tempfile::tempdir().expect("tempdir");
+        let other = pki_ca(other_dir.path());
+        let doors = start(
+            Some(pki.server.clone()),
+            &["grpcs://127.0.0.1:0"],
+            &["https://127.0.0.1:0"],
+        );
+        let (grpcs, https) = (doors.uris()[0].to_string(), doors.uris()[1].to_string());
+        assert!(grpcs.starts_with("grpcs://127.0.0.1:") && https.starts_with("https://127.0.0.1:"));
+        // HTTP/1.1 over TLS, ALPN http/1.1.
+        let (mut s, alpn) = connect(&https, client(&pki.ca, None, b"http/1.1")).expect("connect");
+        assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+        assert_eq!(get_on(&mut s, "/v2/health/ready").expect("get").0, 200);
+        // gRPC's door speaks h2 (ALPN), as gRPC clients require.
+        let (_, alpn) = connect(&grpcs, client(&pki.ca, None, b"h2")).expect("connect");
+        assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+        // A client trusting another CA refuses the agent.
+        for (uri, alpn) in [(&grpcs, &b"h2"[..]), (&https, &b"http/1.1"[..])] {
+            let e = connect(uri, client(&other, None, alpn)).expect_err("untrusted");
+            assert!(e.to_string().contains("UnknownIssuer"), "{e}");
+        }
+        // Plain-text HTTP to the https door: a 400 saying why.
+        let mut plain = TcpStream::connect(addr(&https)).expect("connect");
+        plain
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let (status, body) = get_on(&mut plain, "/v2/health/ready").expect("reply");
+        assert_eq!(status, 400);
+        assert!(body.contains("this door speaks HTTPS"), "{body}");
+        // Plain-text bytes to the grpcs door: closed.
+        let mut plain = TcpStream::connect(addr(&grpcs)).expect("connect");
+        plain
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        plain
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .expect("write");
+        let mut b = [0u8; 16];
+        assert!(matches!(plain.read(&mut b), Ok(0) | Err(_)));
+        // Still serving.
+        assert_eq!(
+            https_get(
+                &https,
+                client(&pki.ca, None, b"http/1.1"),
+                "/v2/health/live"
+            )
+            .expect("get"),
+            200
+        );
+        doors.shutdown();
+        for uri in [&grpcs, &https] {
+            assert!(TcpStream::connect(addr(uri)).is_err(), "{uri} still open");
+        }
+    }
+
+    /// Another CA's certificate file (a stranger to the agent's).
+    fn pki_ca(dir: &Path) -> PathBuf {
+        make_pki(dir).ca
+    }
+
+    #[test]
+    fn a_client_that_never_handshakes_holds_up_nobody() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = make_pki(dir.path());
+        let doors = start(Some(pki.server.clone()), &[], &["https://127.0.0.1:0"]);
+        let https = doors.uris()[0].to_string();
+        // One says nothing, one starts a record and stops.
+        let silent = TcpStream::connect(addr(&https)).expect("connect");
+        let mut stalled = TcpStream::connect(addr(&https)).expect("connect");
+        stalled.write_all(&[0x16, 0x03, 0x01]).expect("write");
+        let t = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(
+                https_get(
+                    &https,
+                    client(&pki.ca, None, b"http/1.1"),
+                    "/v2/health/ready"
+                )
+                .expect("get"),
+                200
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        drop((silent, stalled));
+        doors.shutdown();
+    }
+
+    #[test]
+    fn a_client_ca_makes_client_certificates_required() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = make_pki(dir.path());
+        let other_dir = tempfile::tempdir().expect("tempdir");
+        let stranger = make_pki(other_dir.path());
+        let files = ServerTlsFiles {
+            client_ca: Some(pki.ca.clone()),
+            ..pki.server.clone()
+        };
+        let doors = start(
+            Some(files),
+            &["grpcs://127.0.0.1:0"],
+            &["https://127.0.0.1:0"],
+        );
+        let https = doors.uris()[1].to_string();
+        let with_cert = client(
+            &pki.ca,
+            Some((&pki.client_cert, &pki.client_key)),
+            b"http/1.1",
+        );
+        assert_eq!(
+            https_get(&https, with_cert, "/v2/health/ready").expect("get"),
+            200
+        );
+        // No certificate, or one of another CA: the handshake fails (with
+        // TLS 1.3 the client learns it after its own side is done).
+        for cfg in [
+            client(&pki.ca, None, b"http/1.1"),
+            client(
+                &pki.ca,
+                Some((&stranger.client_cert, &stranger.client_key)),
+                b"http/1.1",
+            ),
+        ] {
+            // The alert, or a closed socket if it came first.
+            https_get(&https, cfg, "/v2/health/ready").expect_err("refused");
+        }
+        let grpcs = doors.uris()[0].to_string();
+        let (_, alpn) = connect(
+            &grpcs,
+            client(&pki.ca, Some((&pki.client_cert, &pki.client_key)), b"h2"),
+        )
+        .expect("connect");
+        assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+        doors.shutdown();
+    }
+}
