@@ -159,7 +159,9 @@ def test_doors_from_a_config_file(tmp_path):
     [
         ("grpc://nohost", "port"),
         ("http://127.0.0.1:8000/v2", "path"),
-        ("https://127.0.0.1:1", "unknown scheme 'https'"),
+        ("ftp://127.0.0.1:1", "unknown scheme 'ftp'"),
+        # tw.Agent takes no TLS files: a TLS door names what it lacks.
+        ("https://127.0.0.1:1", "--tls-cert"),
     ],
 )
 def test_a_bad_front_door_uri_raises_and_starts_nothing(tmp_path, bad, needle):

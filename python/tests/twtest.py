@@ -92,7 +92,7 @@ class ServedAgent:
         )
         deadline = time.monotonic() + 60
         listening = []
-        while len(listening) < 3:
+        while len(listening) < 3 + list(extra_args).count("--listen"):
             line = self.proc.stdout.readline()
             if not line:
                 err = self.proc.stderr.read()
@@ -102,6 +102,8 @@ class ServedAgent:
             if time.monotonic() > deadline:
                 raise RuntimeError("tensorwire serve did not start in 60 s")
         self.uris["tcp"] = next(u for u in listening if u.startswith("tcp://"))
+        # Every endpoint as the agent printed it (ports resolved).
+        self.listening = listening
 
     def kill(self) -> None:
         if self.proc.poll() is None:
