@@ -1055,11 +1055,14 @@ mod tests {
             parse_listen("shm://a").unwrap(),
             Listen::Endpoint(Endpoint::Shm("a".into()))
         );
+        for door in ["grpcs://h:1", "https://h:1"] {
+            assert_eq!(parse_listen(door).unwrap(), Listen::FrontDoor(door.into()));
+        }
     }
 
     #[test]
     fn unknown_listen_schemes_are_refused_naming_the_uri() {
-        for bad in ["https://h:1", "ftp://x", "grpcs://h:1"] {
+        for bad in ["ftp://x", "quic://h:1"] {
             let e = AgentConfig::from_toml(&format!("listen = [\"{bad}\"]"))
                 .unwrap_err()
                 .to_string();
