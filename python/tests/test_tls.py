@@ -57,11 +57,10 @@ def test_a_certificate_names_the_tenant_and_digits_answer_over_tls(agent, pki):
     with tw.connect(uri) as c:
         assert [m.name for m in c.models()] == ["digits"]
         x, want = digits_sample()
-        got = c.infer("digits", {"x": x})
-        out = next(iter(got.values()))
+        out = next(iter(c.model("digits").infer({"x": x}).values()))
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
-        with pytest.raises(tw.PermissionDenied):
-            c.infer("identity", {"t": np.zeros(4, np.uint8)})
+        with pytest.raises(tw.PermissionDenied, match="'vision'"):
+            c.model("identity")
 
 
 def test_no_client_certificate_or_an_untrusted_agent_is_a_clear_error(agent, pki, tmp_path):
