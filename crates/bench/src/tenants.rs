@@ -10,7 +10,7 @@
 //!   listening on shm and unix (one transport per row): one with a tenants
 //!   file written here ([`tenants_toml`]: tenant [`FLOOD`] with token
 //!   `flood` and `max_queued`, tenant [`LIGHT`] with token `light`, both
-//!   weight 1) and a metrics listener (per-tenant CPU, when the agent has
+//!   weight 1 and `queue_burst` [`QUEUE_BURST`]) and a metrics listener (per-tenant CPU, when the agent has
 //!   it); one without a tenants file, its clients unauthenticated: the plain
 //!   FIFO queue, the baseline that shows what the tenants buy.
 //! - The capacity on each transport first: closed loop, 2 clients, on the
@@ -231,6 +231,12 @@ pub struct TenantFigures {
     pub tenant_cpu_pct: Option<f64>,
 }
 
+/// Both tenants' `queue_burst`: the light tenant's connections, so that
+/// its Poisson bursts (all its connections busy at once) go at its fair
+/// turn instead of being spaced out behind the flood's backlog; the same
+/// for the flood, so the file favours neither.
+pub const QUEUE_BURST: usize = 4;
+
 /// The tenants file of the suite: [`FLOOD`] with `max_queued`, [`LIGHT`]
 /// without quotas, tokens equal to their names, every model, weight 1.
 pub fn tenants_toml(max_queued: u32) -> String {
@@ -250,12 +256,14 @@ pub fn tenants_toml(max_queued: u32) -> String {
          tokens_sha256 = [\"{}\"]\n\
          models = [\"*\"]\n\
          max_queued = {max_queued}\n\
-         weight = 1\n\n\
+         weight = 1\n\
+         queue_burst = {QUEUE_BURST}\n\n\
          [[tenant]]\n\
          name = \"{LIGHT}\"\n\
          tokens_sha256 = [\"{}\"]\n\
          models = [\"*\"]\n\
-         weight = 1\n",
+         weight = 1\n\
+         queue_burst = {QUEUE_BURST}\n",
         hex(FLOOD),
         hex(LIGHT)
     )
@@ -403,10 +411,23 @@ struct TenantCaller {
 }
 
 impl Caller for TenantCaller {
+    /// Every request asks for its timeline (the stamps cost ~0.3 µs of a
+    /// request of milliseconds), so each row splits its latency by stage.
     fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
         let tensors: Vec<client::TensorRef<'_>> = self.bufs.iter().map(|t| t.as_ref()).collect();
-        match self.model.infer(&tensors) {
-            Ok(_) => Ok(None),
+        match self.model.infer_timed(&tensors) {
+            Ok(r) => {
+                let st = r.timeline.as_ref().and_then(|tl| {
+                    crate::target::stage_sample(
+                        r.client_start_ns,
+                        r.client_sent_ns,
+                        tl,
+                        r.client_received_ns,
+                        r.client_done_ns,
+                    )
+                });
+                Ok(st)
+            }
             Err(
                 e @ (client::ClientError::Overloaded(_) | client::ClientError::TooManyInFlight(_)),
             ) => Err(BenchError::refusal(e)),
@@ -820,6 +841,10 @@ fn make_row(x: &RowInput<'_>) -> Row {
     };
     let per_call = |ns: u64, m: &Measured| (m.calls > 0).then(|| ns as f64 / 1e3 / m.calls as f64);
     let mut merged = LatencyHist::new();
+    let mut stages = crate::hist::StageHists::new();
+    for r in &reps {
+        stages.merge(&r.stages);
+    }
     for r in &reps {
         merged.merge(&r.latency);
     }
@@ -941,7 +966,7 @@ fn make_row(x: &RowInput<'_>) -> Row {
         cpu_us_per_req: opt_median(&|m| per_call(m.own_cpu_ns + m.agent_cpu_ns?, m)),
         agent_cpu_us_per_req: opt_median(&|m| per_call(m.agent_cpu_ns?, m)),
         agent_rss_kib: resources::rss_kib(x.agent_pid).ok(),
-        stages: Vec::new(),
+        stages: stages.stats(),
         cdf: merged.cdf(CDF_QUANTILES),
         noise_cpu_pct: noise,
         note: notes.join("; "),

@@ -34,8 +34,10 @@
 //! priority level `p`:
 //!
 //! ```text
-//! v      = max(V_p, last_T)               its fair start
-//! last_T = v + s × W / weight_T           where T's next request may start
+//! due    = max(V_p, last_T)               where its share puts it
+//! last_T = due + s × W / weight_T         where T's next request may start
+//! v      = max(V_p, due - (b_T - 1) × s × W / weight_T, T's request ahead)
+//!                                         its fair start (b_T: queue_burst)
 //! V_p    = min(C, the smallest fair start of the tenants' requests
 //!          waiting at level p)
 //! C      = the largest fair start admitted so far (at any level), never
@@ -59,6 +61,14 @@
 //! (their turns with them), and so does `last_T`, as far as they would be
 //! had it never come, and never behind their level's `V_p` as it is then.
 //!
+//! `queue_burst` (`b_T`, 1 by default) lets a tenant's burst through: up
+//! to `b_T` of its requests waiting at once start at `V_p` (each later
+//! one `b_T - 1` steps before where its share alone would put it), so a
+//! light tenant that sends a few requests at once is not spread out
+//! behind a heavy tenant's backlog; `last_T` still advances a full step
+//! for each, so over time it gets its share and no more. With `b_T` = 1
+//! this is plain start-time fair queuing.
+//!
 //! **The bound.** Take a request `r` of tenant `T` at level `p`, `T` not
 //! over its share when `r` comes (`last_T` not ahead of `V_p`: then `T`
 //! has no request waiting at that level). `r` starts at `V_p`. Every
@@ -66,10 +76,12 @@
 //! `V_p`; `V_p` never goes back while `r` waits (admissions only raise
 //! `C` and the smallest start waiting; a request joining starts at `V_p`
 //! or later; a step given back moves no request behind `V_p`); a tenant's
-//! fair starts are strictly increasing, and equal turns go by arrival. So
-//! ahead of `r` at its level are at most one request of each other tenant
-//! (the one starting exactly at `V_p`, if any), however many each has
-//! queued, and however the clock got there (admissions at other levels,
+//! fair starts never decrease, and after its first `b` (its
+//! `queue_burst`) they increase strictly; equal turns go by arrival. So
+//! ahead of `r` at its level are at most `b` requests of each other
+//! tenant (those starting exactly at `V_p`, if any: one with the default
+//! `queue_burst`), however many each has queued, and however the clock
+//! got there (admissions at other levels,
 //! the aging floor, steps given back). Besides those, ahead of `r` are:
 //! the runs in progress; requests of higher levels whose turn comes
 //! before `r`'s (a higher level `q` goes first, as without tenants: all
@@ -77,8 +89,12 @@
 //! many); requests of lower levels that aged past it;
 //! and requests without a tenant whose turn comes before `r`'s (their
 //! start is their arrival). So: a tenant flooding the model at the same
-//! level pushes another's request back by at most one run, and only that
-//! request's; it is exact for that first request whatever `s` is.
+//! level pushes another's request back by at most `b` runs (one, by
+//! default), and only that request's; it is exact for that first request
+//! whatever `s` is. A flood that has been waiting long has its `b` starts
+//! at `V_p` behind it already (its later requests keep their spacing), so
+//! in a steady flood it is about one run; and a light tenant with
+//! `queue_burst` ≥ its burst has its whole burst go at that first turn.
 //!
 //! What it does not cover, honestly:
 //!
@@ -486,14 +502,24 @@ impl Fair {
                 self.active_weight.saturating_sub(u64::from(t.weight)) + u64::from(weight);
         }
         t.weight = weight;
-        let start = t.next.max(clock);
+        // Where its share puts this request: `last_T`, or the clock.
+        let due = t.next.max(clock);
         let s = match self.interval_ns {
             0 => DEFAULT_INTERVAL.as_nanos(),
             ns => u128::from(ns),
         };
         let step_ns = s * u128::from(self.active_weight) / u128::from(weight);
         let step = Duration::from_nanos(u64::try_from(step_ns).unwrap_or(u64::MAX)).min(MAX_STEP);
-        t.next = start.checked_add(step).unwrap_or(start);
+        t.next = due.checked_add(step).unwrap_or(due);
+        // Its burst: it starts `queue_burst - 1` steps before where its
+        // share puts it, never before the clock nor before its own
+        // request ahead of it (so up to `queue_burst` of its requests
+        // waiting at once start at the clock, and the rest keep their
+        // spacing). `last_T` keeps the whole chain: over time the
+        // tenant still gets its share, not more.
+        let credit = step.saturating_mul(tenant.queue_burst.max(1) - 1);
+        let start = due.checked_sub(credit).map_or(clock, |x| x.max(clock));
+        let start = t.waiting.last().map_or(start, |q| start.max(q.start));
         // The least its start may go back to (`next_floor` ≤ `next`, so
         // at most `start`); `last_T` now follows it.
         let floor = t.next_floor.take().map_or(clock, |f| f.max(clock));
@@ -1585,6 +1611,44 @@ mod tests {
         assert_eq!((queued(&a), queued(&b)), (0, 0));
         // Nobody waits: the fast path is open again.
         assert!(q.try_admit_at_once());
+    }
+
+    #[test]
+    fn a_tenants_burst_goes_at_its_turn_up_to_its_queue_burst() {
+        // a has 20 waiting; then b sends 4 at once. Where b's last one
+        // goes, by a's and b's queue_burst.
+        let last_b = |a_burst: u32, b_burst: u32| {
+            let t = tenants(&format!(
+                "[[tenant]]\nname = \"a\"\nuids = [1]\nqueue_burst = {a_burst}\n\
+                 [[tenant]]\nname = \"b\"\nuids = [2]\nqueue_burst = {b_burst}\n"
+            ));
+            let (a, b) = (tenant_of(&t, 1), tenant_of(&t, 2));
+            let (q, tx, holder) = held(no_aging());
+            let order = Arc::new(Mutex::new(Vec::new()));
+            let mut ws: Vec<_> = (0..20)
+                .map(|_| tenant_waiter(&q, Ask::default(), &a, "a", &order))
+                .collect();
+            ws.extend((0..4).map(|_| tenant_waiter(&q, Ask::default(), &b, "b", &order)));
+            tx.send(()).unwrap();
+            holder.join().unwrap();
+            for w in ws {
+                assert_eq!(w.join().unwrap(), Ok(()));
+            }
+            let order = order.lock().unwrap();
+            assert_eq!(order.iter().filter(|&&x| x == "b").count(), 4);
+            order.iter().rposition(|&x| x == "b").unwrap()
+        };
+        // One at its turn (the default): b's requests are spaced by its
+        // share, its last behind several of a's.
+        let paced = last_b(1, 1);
+        assert!(paced >= 9, "b's last admitted {}th", paced + 1);
+        // Four: all of b's go at its turn, behind a's first only (it
+        // started at the same clock, and came first).
+        assert_eq!(last_b(1, 4), 4);
+        // a's burst of 4 too: b's four go after a's first four (at most
+        // queue_burst of each other tenant's go ahead of a request at
+        // its turn), and before the rest of a's backlog.
+        assert_eq!(last_b(4, 4), 7);
     }
 
     #[test]

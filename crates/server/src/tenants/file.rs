@@ -18,6 +18,7 @@
 //! max_connections = 16              # sessions open at once
 //! priority = 2                      # best priority level it may ask
 //! weight = 1                        # its share of a busy model's queue
+//! queue_burst = 1                   # of its requests waiting at once, how many go at its fair turn
 //! cpu_cgroup = "/sys/fs/cgroup/cpu/tw/analytics"  # its requests' agent work runs here
 //! ```
 //!
@@ -34,6 +35,8 @@ use thiserror::Error;
 pub const DEFAULT_TENANT: &str = "default";
 /// Longest tenant name, in bytes.
 const MAX_NAME: usize = 64;
+/// The largest `queue_burst` a tenant may have.
+pub const MAX_QUEUE_BURST: u32 = 1024;
 /// The largest weight a tenant may have.
 pub const MAX_WEIGHT: u32 = 10_000;
 /// The smallest arena a tenant may be limited to (a ring and a tensor).
@@ -73,6 +76,11 @@ pub struct TenantSpec {
     pub quotas: Quotas,
     /// Its share of a busy model's queue against other tenants (1..=10 000).
     pub weight: u32,
+    /// How many of its requests waiting at once in one model's line still
+    /// start at its fair turn, unpaced (1..=1024; see `queue`'s module
+    /// doc): a light tenant's burst is not spread out behind a heavy
+    /// one's backlog.
+    pub queue_burst: u32,
     /// The CPU cgroup its sessions' worker threads run in while serving it
     /// (an absolute path; see [`super::cgroup`]).
     pub cpu_cgroup: Option<PathBuf>,
@@ -157,6 +165,7 @@ struct TenantToml {
     max_connections: Option<u32>,
     priority: Option<u8>,
     weight: Option<u32>,
+    queue_burst: Option<u32>,
     cpu_cgroup: Option<PathBuf>,
 }
 
@@ -347,6 +356,12 @@ fn check(t: TenantToml) -> Result<TenantSpec, String> {
             "{who}: weight must be 1..={MAX_WEIGHT}, not {weight}"
         ));
     }
+    let queue_burst = t.queue_burst.unwrap_or(1);
+    if queue_burst == 0 || queue_burst > MAX_QUEUE_BURST {
+        return Err(format!(
+            "{who}: queue_burst must be 1..={MAX_QUEUE_BURST}, not {queue_burst}"
+        ));
+    }
     Ok(TenantSpec {
         name,
         tokens_sha256,
@@ -368,6 +383,7 @@ fn check(t: TenantToml) -> Result<TenantSpec, String> {
             priority: t.priority,
         },
         weight,
+        queue_burst,
         cpu_cgroup: t.cpu_cgroup,
     })
 }
@@ -411,6 +427,7 @@ burst = 50
 max_connections = 16
 priority = 2
 weight = 3
+queue_burst = 4
 
 [[tenant]]
 name = "default"
@@ -428,8 +445,9 @@ models = ["*"]
         assert_eq!(a.quotas.rate.unwrap().burst, 50);
         assert_eq!(a.quotas.priority, Some(2));
         assert_eq!(a.weight, 3);
+        assert_eq!(a.queue_burst, 4);
         assert_eq!(t[1].models, ModelSet::All);
-        assert_eq!(t[1].weight, 1);
+        assert_eq!((t[1].weight, t[1].queue_burst), (1, 1));
     }
 
     #[test]
@@ -450,6 +468,7 @@ models = ["*"]
             4,
         );
         bad(&format!("{one}colour = 1\n"), "colour", 3);
+        bad(&format!("{one}queue_burst = 0\n"), "queue_burst", 1);
         bad("[[tenant]]\nname = \"a b\"\n", "tenant name", 1);
         bad(
             &format!("{one}\n[[tenant]]\nname = \"a\"\n"),

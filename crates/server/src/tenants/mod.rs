@@ -110,6 +110,9 @@ pub struct Tenant {
     pub quotas: Quotas,
     /// Its share of a busy model's queue (1..=10 000).
     pub weight: u32,
+    /// How many of its requests waiting at once start at its fair turn
+    /// (`queue`'s module doc; 1..=1024).
+    pub queue_burst: u32,
     /// What it holds now, and its counters (kept across reloads).
     pub usage: Arc<Usage>,
     /// Its CPU cgroup's directory, if it has one.
@@ -482,6 +485,7 @@ fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> 
                 ..Quotas::default()
             },
             weight: 1,
+            queue_burst: 1,
             usage: usage_of(DEFAULT_TENANT),
             cpu_cgroup: None,
             cgroup: OnceLock::new(),
@@ -503,6 +507,7 @@ fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> 
             models: s.models,
             quotas: s.quotas,
             weight: s.weight,
+            queue_burst: s.queue_burst,
             cpu_cgroup: s.cpu_cgroup,
             cgroup: OnceLock::new(),
         });
