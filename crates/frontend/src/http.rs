@@ -24,7 +24,7 @@ use crate::service::{
 };
 use crate::statistics::{model_statistics, stats_json, Refusal};
 use crate::sysshm::{shm_ref, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
-use crate::tls::{needs_files, DoorTls, PlainText, TlsIncoming, HTTPS_SCHEME};
+use crate::tls::{DoorTls, PlainText, TlsIncoming, HTTPS_SCHEME};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -89,10 +89,7 @@ impl HttpFrontend {
         door: Arc<FrontDoor>,
         tls: Option<&ServerTlsFiles>,
     ) -> Result<HttpFrontend, FrontendError> {
-        let tls = match tls {
-            Some(files) if listen.starts_with(HTTPS_SCHEME) => Some(DoorTls::new(listen, files)?),
-            _ => None,
-        };
+        let tls = DoorTls::read_for(listen, HTTPS_SCHEME, tls)?;
         HttpFrontend::start_door(listen, door, tls.as_ref())
     }
 
@@ -103,11 +100,7 @@ impl HttpFrontend {
         tls: Option<&DoorTls>,
     ) -> Result<HttpFrontend, FrontendError> {
         let (scheme, addr) = parse_host_port(listen, &[HTTP_SCHEME, HTTPS_SCHEME], "HTTP")?;
-        let tls = match (scheme == HTTPS_SCHEME, tls) {
-            (false, _) => None,
-            (true, Some(tls)) => Some(tls.http()),
-            (true, None) => return Err(needs_files(listen)),
-        };
+        let tls = DoorTls::pick(listen, scheme == HTTPS_SCHEME, tls, DoorTls::http)?;
         let shared = Arc::new(Shared::via(Via::Http));
         let app = App {
             max_body: door.core.limits.max_payload.saturating_add(BODY_OVERHEAD),

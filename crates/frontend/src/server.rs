@@ -5,7 +5,7 @@
 use crate::door::FrontDoor;
 use crate::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::service::{KServeService, Shared};
-use crate::tls::{needs_files, DoorTls, PlainText, TlsIncoming, GRPCS_SCHEME};
+use crate::tls::{DoorTls, PlainText, TlsIncoming, GRPCS_SCHEME};
 use crate::{GRPC_SCHEME, MAX_MESSAGE_BYTES};
 use server::Via;
 use std::io;
@@ -134,10 +134,7 @@ impl GrpcFrontend {
         door: Arc<FrontDoor>,
         tls: Option<&ServerTlsFiles>,
     ) -> Result<GrpcFrontend, FrontendError> {
-        let tls = match tls {
-            Some(files) if listen.starts_with(GRPCS_SCHEME) => Some(DoorTls::new(listen, files)?),
-            _ => None,
-        };
+        let tls = DoorTls::read_for(listen, GRPCS_SCHEME, tls)?;
         GrpcFrontend::start_door(listen, door, tls.as_ref())
     }
 
@@ -148,11 +145,7 @@ impl GrpcFrontend {
         tls: Option<&DoorTls>,
     ) -> Result<GrpcFrontend, FrontendError> {
         let (scheme, addr) = parse_host_port(listen, &[GRPC_SCHEME, GRPCS_SCHEME], "gRPC")?;
-        let tls = match (scheme == GRPCS_SCHEME, tls) {
-            (false, _) => None,
-            (true, Some(tls)) => Some(tls.grpc()),
-            (true, None) => return Err(needs_files(listen)),
-        };
+        let tls = DoorTls::pick(listen, scheme == GRPCS_SCHEME, tls, DoorTls::grpc)?;
         let max_message = usize::try_from(
             door.core
                 .limits

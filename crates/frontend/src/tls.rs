@@ -103,6 +103,35 @@ impl DoorTls {
     pub(crate) fn http(&self) -> Arc<ServerConfig> {
         self.http.clone()
     }
+
+    /// The TLS files of a door that `listen`s on `tls_scheme`, read; `None`
+    /// for a clear-text door (or no files: [`DoorTls::pick`] says so).
+    pub(crate) fn read_for(
+        listen: &str,
+        tls_scheme: &str,
+        files: Option<&ServerTlsFiles>,
+    ) -> Result<Option<DoorTls>, FrontendError> {
+        match files {
+            Some(files) if listen.starts_with(tls_scheme) => DoorTls::new(listen, files).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The rustls configuration a door on `listen` serves with: `None` in
+    /// clear text, `choose`'s for a TLS door, an error naming the missing
+    /// files when a TLS door has none.
+    pub(crate) fn pick(
+        listen: &str,
+        is_tls: bool,
+        tls: Option<&DoorTls>,
+        choose: fn(&DoorTls) -> Arc<ServerConfig>,
+    ) -> Result<Option<Arc<ServerConfig>>, FrontendError> {
+        match (is_tls, tls) {
+            (false, _) => Ok(None),
+            (true, Some(tls)) => Ok(Some(choose(tls))),
+            (true, None) => Err(needs_files(listen)),
+        }
+    }
 }
 
 /// What a door does with a client that does not start with a TLS
