@@ -44,10 +44,10 @@ pub const HTTPS_SCHEME: &str = "https://";
 
 /// How long a client has, from its TCP connect, to complete the TLS
 /// handshake on a `grpcs://` or `https://` door.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Handshakes in progress at once on one door; past that, the door stops
-/// accepting (the kernel's backlog holds new connections) until one ends.
+/// Handshakes in progress at once on one door; past that, a new
+/// connection is closed at once until one ends.
 const MAX_HANDSHAKES: usize = 1024;
 
 /// The first byte of every TLS connection: a handshake record.
@@ -203,13 +203,6 @@ async fn accept_loop(
 ) {
     let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            () = tx.closed() => return,
-        };
         let accepted = tokio::select! {
             r = listener.accept() => r,
             () = tx.closed() => return,
@@ -229,6 +222,14 @@ async fn accept_loop(
                 }
                 continue;
             }
+        };
+        // With every handshake slot taken (peers that connect and say
+        // nothing hold one each, up to HANDSHAKE_TIMEOUT), a newcomer is
+        // closed at once rather than left in the kernel's backlog: the
+        // accept loop never stops.
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            drop(tcp);
+            continue;
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();

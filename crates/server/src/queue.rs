@@ -36,8 +36,8 @@
 //! ```text
 //! due    = max(V_p, last_T)               where its share puts it
 //! last_T = due + s × W / weight_T         where T's next request may start
-//! v      = max(V_p, due - (b_T - 1) × s × W / weight_T, T's request ahead)
-//!                                         its fair start (b_T: queue_burst)
+//! v      = max(V_p, due of T's request b_T - 1 places ahead in line,
+//!              T's request ahead)         its fair start (b_T: queue_burst)
 //! V_p    = min(C, the smallest fair start of the tenants' requests
 //!          waiting at level p)
 //! C      = the largest fair start admitted so far (at any level), never
@@ -63,7 +63,7 @@
 //!
 //! `queue_burst` (`b_T`, 1 by default) lets a tenant's burst through: up
 //! to `b_T` of its requests waiting at once start at `V_p` (each later
-//! one `b_T - 1` steps before where its share alone would put it), so a
+//! one where its share put the one `b_T - 1` places ahead of it), so a
 //! light tenant that sends a few requests at once is not spread out
 //! behind a heavy tenant's backlog; `last_T` still advances a full step
 //! for each, so over time it gets its share and no more. With `b_T` = 1
@@ -122,7 +122,11 @@
 //! - *Timeouts.* A step given back is the step the request was given; had
 //!   it never come, its tenant's next one could sometimes have started
 //!   earlier still (when it started at `V_p`, its successor goes back to
-//!   that `V_p`, not to `last_T` before it).
+//!   that `V_p`, not to `last_T` before it). With `queue_burst` > 1, a
+//!   request that leaves from a burst at `V_p` gives back only as much as
+//!   the requests after it can move (they are at `V_p` already), so its
+//!   tenant stays charged up to one step for it: the error is against
+//!   the tenant that timed out, never against another.
 //!
 //! Requests without a tenant (no tenants file, in-process callers) keep
 //! `start = arrival`: with no tenants the order is exactly what it was.
@@ -417,6 +421,9 @@ struct Queued {
     level: u8,
     /// Its fair start.
     start: Instant,
+    /// Where its tenant's share alone put it (`max(V_p, last_T)` when it
+    /// came): the start of the request `queue_burst - 1` places after it.
+    due: Instant,
     /// How far it moved its tenant's `last_T` on: given back if it
     /// leaves unserved.
     step: Duration,
@@ -511,14 +518,21 @@ impl Fair {
         let step_ns = s * u128::from(self.active_weight) / u128::from(weight);
         let step = Duration::from_nanos(u64::try_from(step_ns).unwrap_or(u64::MAX)).min(MAX_STEP);
         t.next = due.checked_add(step).unwrap_or(due);
-        // Its burst: it starts `queue_burst - 1` steps before where its
-        // share puts it, never before the clock nor before its own
-        // request ahead of it (so up to `queue_burst` of its requests
-        // waiting at once start at the clock, and the rest keep their
-        // spacing). `last_T` keeps the whole chain: over time the
+        // Its burst: it starts where its share put the request
+        // `queue_burst - 1` places ahead of it in its line (the clock
+        // when there is none), never before its own request ahead of it:
+        // so at most `queue_burst` of its requests waiting at once start
+        // at any one time, whatever the steps were, and the rest keep
+        // their spacing. `last_T` keeps the whole chain: over time the
         // tenant still gets its share, not more.
-        let credit = step.saturating_mul(tenant.queue_burst.max(1) - 1);
-        let start = due.checked_sub(credit).map_or(clock, |x| x.max(clock));
+        let burst = usize::try_from(tenant.queue_burst.max(1)).unwrap_or(1);
+        let k = t.waiting.len();
+        let anchor = match (k + 1).checked_sub(burst) {
+            None => clock,
+            Some(i) if i == k => due,
+            Some(i) => t.waiting[i].due,
+        };
+        let start = anchor.max(clock);
         let start = t.waiting.last().map_or(start, |q| start.max(q.start));
         // The least its start may go back to (`next_floor` ≤ `next`, so
         // at most `start`); `last_T` now follows it.
@@ -527,6 +541,7 @@ impl Fair {
             seq,
             level,
             start,
+            due,
             step,
             floor,
         });

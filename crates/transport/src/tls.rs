@@ -241,6 +241,17 @@ pub fn server_name(addr: &str, name: Option<&str>) -> io::Result<ServerName<'sta
     })
 }
 
+/// What one [`TlsSock::pump`] found on the socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrived {
+    /// Nothing yet.
+    Nothing,
+    /// Some bytes (records, or part of one).
+    Bytes,
+    /// The end of the stream.
+    End,
+}
+
 /// `u64::MAX`: no timeout.
 const NO_TIMEOUT: u64 = u64::MAX;
 
@@ -377,9 +388,16 @@ impl TlsSock {
         loop {
             let writing = {
                 let mut c = sock.lock();
-                sock.pump(&mut c)?;
+                let arrived = sock.pump(&mut c)?;
                 if !c.is_handshaking() && !c.wants_write() {
                     break;
+                }
+                if arrived == Arrived::End {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "the agent closed the connection during the TLS handshake (is it a \
+                         tls:// listener? at its connection limit?)",
+                    ));
                 }
                 c.wants_write()
             };
@@ -440,13 +458,14 @@ impl TlsSock {
 
     /// One round of non-blocking work: records that arrived are read and
     /// processed (handshake messages answered), what is ready to go is
-    /// sent. Returns whether anything arrived (or the stream ended).
-    fn pump(&self, c: &mut Connection) -> io::Result<bool> {
-        let mut arrived = false;
+    /// sent. Returns what arrived: nothing, bytes, or the end of the
+    /// stream.
+    fn pump(&self, c: &mut Connection) -> io::Result<Arrived> {
+        let mut arrived = Arrived::Nothing;
         loop {
             match c.read_tls(&mut NonBlocking(&self.tcp)) {
                 Ok(n) => {
-                    arrived = true;
+                    arrived = if n == 0 { Arrived::End } else { Arrived::Bytes };
                     if let Err(e) = c.process_new_packets() {
                         // Tell the peer why (the alert rustls queued).
                         let _ = self.flush(c);
@@ -480,7 +499,7 @@ impl TlsSock {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
                 Err(e) => return Err(e),
             }
-            if !self.pump(&mut c)? {
+            if self.pump(&mut c)? == Arrived::Nothing {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
         }
@@ -529,6 +548,16 @@ impl TlsSock {
         loop {
             {
                 let mut c = self.lock();
+                if c.is_handshaking() {
+                    // Nothing may go before the handshake: a message sent
+                    // now would wait in rustls and vanish with the socket
+                    // (the agent refusing a connection before its
+                    // handshake just closes it).
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        "TLS handshake not complete: nothing can be sent yet",
+                    ));
+                }
                 while !bufs.is_empty() {
                     let n = c.writer().write_vectored(bufs)?;
                     if n == 0 {
@@ -539,12 +568,6 @@ impl TlsSock {
                 let sent = self.flush(&mut c)?;
                 if bufs.is_empty() && sent {
                     return Ok(());
-                }
-                if sent && c.is_handshaking() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::NotConnected,
-                        "TLS handshake not complete: nothing can be sent yet",
-                    ));
                 }
             }
             let timeout = match &drain {
@@ -752,6 +775,32 @@ mod tests {
         let (_, _, c) = pair(server_config(&sfiles).unwrap(), &misnamed);
         let e = c.expect_err("refused").to_string();
         assert!(e.contains("not valid for name \"elsewhere\""), "{e}");
+    }
+
+    #[test]
+    fn a_peer_that_closes_during_the_handshake_is_an_error_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, cparams) = pki(dir.path());
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // It reads the ClientHello (so its close is a clean end of the
+        // stream, not a reset), then closes.
+        let closer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hello = [0u8; 16 << 10];
+            let _ = s.read(&mut hello);
+        });
+        let t0 = Instant::now();
+        let e = TlsSock::client(
+            TcpStream::connect(addr).unwrap(),
+            client_config(&cparams).unwrap(),
+            server_name("localhost:1", None).unwrap(),
+            Duration::from_secs(20),
+        )
+        .expect_err("closed");
+        closer.join().unwrap();
+        assert!(e.to_string().contains("during the TLS handshake"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{e}");
     }
 
     #[test]
