@@ -300,6 +300,40 @@ fn tenants_suite_quick() {
     );
 }
 
+/// The client-modes suite: every mode on every transport completes its
+/// requests without errors, and the report has its table.
+#[test]
+fn client_modes_suite_quick() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run_bench(
+        &["--suite", "client-modes", "--quick", "--duration", "0.2"],
+        dir.path(),
+        Duration::from_secs(120),
+    );
+    let rows = r["rows"].as_array().expect("rows");
+    assert_eq!(
+        rows.len(),
+        30,
+        "3 transports x 2 models x 5 modes: {rows:?}"
+    );
+    for net in ["shm", "unix", "tcp"] {
+        for model in ["identity", "digits"] {
+            for mode in ["sync", "threads", "pipelined", "callback", "future"] {
+                let row = row(rows, &format!("tensorwire {net} {mode}"), model);
+                assert_eq!(row["suite"], "client-modes");
+                assert!(num(row, "requests") > 0.0, "{row}");
+                assert_eq!(num(row, "errors"), 0.0, "{row}");
+                let (p50, p99) = (num(row, "p50_us"), num(row, "p99_us"));
+                assert!(p50 > 0.0 && p99 >= p50, "{row}");
+                let depth = if mode == "sync" { 1.0 } else { 8.0 };
+                assert_eq!(num(row, "clients"), depth, "{row}");
+            }
+        }
+    }
+    let report = std::fs::read_to_string(dir.path().join("report.md")).expect("report");
+    assert!(report.contains("| tcp | digits | future | 8 |"), "{report}");
+}
+
 /// The agent's KServe front doors as bench targets, beside the tonic peer:
 /// identity (empty and 4 KiB, 1 and 2 clients) and LeNet, and an agent
 /// already running, reached with `--connect grpc://` and `http://`.

@@ -36,6 +36,7 @@ pub mod batching;
 pub mod caller;
 pub mod child;
 pub mod classify;
+pub mod client_modes;
 pub mod console;
 pub mod hist;
 pub mod kserve_http;

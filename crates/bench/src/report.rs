@@ -359,6 +359,21 @@ fn write_suite(out: &mut String, suite: &str, rows: &[Row]) {
         );
         out.push_str(&batching);
     }
+    let modes = crate::client_modes::table(rows);
+    if !modes.is_empty() {
+        let _ = writeln!(
+            out,
+            "The Rust client's modes, one agent, nothing pinned: sync one request \
+             at a time; threads: {d} threads with a connection each; pipelined: \
+             one thread, a window of {d} tickets; callback: `Ticket::on_complete`; \
+             future: {d} tasks awaiting tickets on a current-thread tokio runtime. \
+             Latency from the call that sent a request until its response reached \
+             the caller; medians over repeats. × sync: throughput over the sync \
+             row of the same transport and model.\n",
+            d = crate::client_modes::DEPTH
+        );
+        out.push_str(&modes);
+    }
     let tenants = crate::tenants::tables(rows);
     if !tenants.is_empty() {
         let _ = writeln!(

@@ -22,7 +22,10 @@
 //!   ([`crate::batching`]);
 //! - `tenants`: tenant isolation (a flood at 2× capacity beside a light
 //!   tenant, with and without a tenants file); not a plan: it runs two
-//!   loads at once, by [`crate::tenants::run`].
+//!   loads at once, by [`crate::tenants::run`];
+//! - `client-modes`: the Rust client's sync, threaded, pipelined, callback
+//!   and future modes side by side; not a plan either
+//!   ([`crate::client_modes::run`]).
 
 use crate::batching::{self as batch, BatchConfig, BatchingFigures, OfflineBounds, OfflineCache};
 use crate::caller::BenchError;
@@ -387,7 +390,14 @@ pub fn built_model(root: &Path, name: &str) -> Result<PathBuf, BenchError> {
 }
 
 /// The named suites.
-pub const SUITES: &[&str] = &["vaccel", "breakdown", "load", "batching", "tenants"];
+pub const SUITES: &[&str] = &[
+    "vaccel",
+    "breakdown",
+    "load",
+    "batching",
+    "tenants",
+    "client-modes",
+];
 
 /// The plan of suite `name` (quick = the ≤ 1 minute version).
 pub fn suite(name: &str, root: &Path, quick: bool) -> Result<Plan, BenchError> {
@@ -396,9 +406,9 @@ pub fn suite(name: &str, root: &Path, quick: bool) -> Result<Plan, BenchError> {
         "breakdown" => breakdown(root, quick),
         "load" => load_sweep(root, quick),
         "batching" => batching(root, quick),
-        "tenants" => Err(BenchError::new(
-            "the tenants suite is not a plan: run it with bench::tenants::run",
-        )),
+        "tenants" | "client-modes" => Err(BenchError::new(format!(
+            "the {name} suite is not a plan: it has its own runner"
+        ))),
         other => Err(BenchError::new(format!(
             "unknown suite '{other}' (available: {})",
             SUITES.join(", ")

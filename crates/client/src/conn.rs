@@ -10,6 +10,7 @@
 //! specifics (arena allocation, in-place outputs, releases) are in
 //! [`crate::shm`].
 
+use crate::completion::Completer;
 use crate::error::ClientError;
 use crate::ids::{IdMap, IdSet, PendingIds};
 use crate::shm::{Allocation, ShmLink};
@@ -89,7 +90,7 @@ impl Default for ClientOptions {
 }
 
 /// A received message: header, descriptor section, payload.
-struct Frame {
+pub(crate) struct Frame {
     header: Header,
     desc: Vec<u8>,
     payload: Payload,
@@ -221,22 +222,25 @@ enum Link {
     Shm(Box<ShmLink>),
 }
 
-struct Inner {
+pub(crate) struct Inner {
     link: Link,
     uri: String,
-    opts: ClientOptions,
+    pub(crate) opts: ClientOptions,
     limits: Limits,
     recv_limits: Limits,
     next_id: AtomicU64,
     /// Recycled response buffers: a dropped response gives its buffer back.
     pool: Arc<BufPool>,
     stats: CopyCounters,
+    /// The thread that completes callbacks and futures, started by the
+    /// first of them ([`crate::completion`]).
+    pub(crate) completer: Completer,
 }
 
 /// A session with an agent. Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct Client {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Client {
@@ -271,15 +275,15 @@ pub struct Ticket {
 /// [`Model::infer`] waits on it directly; [`Model::submit`] wraps it in a
 /// [`Ticket`], which holds the client (an `Arc` clone: two atomic
 /// operations a request, saved when the caller waits at once).
-struct Sent {
-    id: u64,
+pub(crate) struct Sent {
+    pub(crate) id: u64,
     /// Whether the request asked for its timeline (and the client stamps).
     timed: bool,
     start_ns: u64,
     sent_ns: u64,
     /// Shared memory: the arena allocations the request reads, held until
     /// its response has come (outputs that alias them hold them longer).
-    pins: Vec<Arc<Allocation>>,
+    pub(crate) pins: Vec<Arc<Allocation>>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -362,6 +366,7 @@ impl Client {
             next_id: AtomicU64::new(1),
             pool: BufPool::new(256 << 20, 8),
             stats: CopyCounters::default(),
+            completer: Completer::default(),
         };
         if let (Some(limits), Link::Shm(s)) = (shm_limits, &inner.link) {
             inner.next_id.store(2, Ordering::Relaxed);
@@ -694,6 +699,17 @@ impl Model {
 }
 
 impl Ticket {
+    /// The session and the request, for a completion that is not a wait
+    /// ([`crate::completion`]): the ticket no longer abandons it on drop.
+    pub(crate) fn into_parts(mut self) -> (Client, Sent) {
+        self.waited = true;
+        let sent = Sent {
+            pins: std::mem::take(&mut self.sent.pins),
+            ..self.sent
+        };
+        (self.client.clone(), sent)
+    }
+
     /// The request id.
     pub fn id(&self) -> u64 {
         self.sent.id
@@ -738,6 +754,11 @@ impl Inner {
                 return Err(e);
             }
         };
+        self.complete(&sent, frame)
+    }
+
+    /// The response `frame` answers `sent` with, stamped.
+    pub(crate) fn complete(&self, sent: &Sent, frame: Frame) -> Result<Response, ClientError> {
         let received_ns = frame.received_ns;
         let mut r = self.response_from(sent.id, frame, &sent.pins)?;
         r.client_start_ns = sent.start_ns;
@@ -967,7 +988,68 @@ impl Inner {
         }
     }
 
-    fn abandon(&self, id: u64, pins: Vec<Arc<Allocation>>) {
+    /// The response to `id` if it is here (or the session's end); `None`
+    /// while it may still come. Never waits: [`crate::completion`] asks it
+    /// for every request it watches after each [`Inner::pump`].
+    pub(crate) fn take_done(&self, id: u64) -> Option<Result<Frame, ClientError>> {
+        match &self.link {
+            Link::Inproc { .. } => Some(self.wait_for(id, Duration::ZERO)),
+            Link::Shm(s) => s.take_done(id).map(|r| {
+                r.map(|(header, desc)| Frame {
+                    received_ns: stamp_if(header.flags & flags::HAS_TIMELINE != 0),
+                    header,
+                    desc,
+                    payload: Payload::Arena,
+                })
+            }),
+            Link::Stream(s) => {
+                let mut sh = lock(&s.shared);
+                if let Some(f) = sh.completed.remove(&id) {
+                    return Some(Ok(f));
+                }
+                sh.dead.clone().map(|d| Err(ClientError::AgentGone(d)))
+            }
+        }
+    }
+
+    /// Receives and files at most one response, waiting at most `limit`
+    /// for it; when another caller is reading, waits for it to file
+    /// something instead. Responses are filed for whoever waits for them.
+    pub(crate) fn pump(&self, limit: Duration) {
+        match &self.link {
+            Link::Inproc { .. } => {}
+            Link::Shm(s) => s.pump(limit, self.opts.spin, &self.recv_limits),
+            Link::Stream(s) => {
+                let mut sh = lock(&s.shared);
+                if sh.dead.is_some() {
+                    return;
+                }
+                if sh.reading {
+                    sh.waiting += 1;
+                    sh =
+                        s.cv.wait_timeout(sh, limit)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    sh.waiting -= 1;
+                    return;
+                }
+                sh.reading = true;
+                drop(sh);
+                let ready = lock(&s.reader).wait_readable(limit).unwrap_or(true);
+                let r = if ready {
+                    self.read_frame(s)
+                } else {
+                    Err(RecvError::TimedOut)
+                };
+                let mut sh = lock(&s.shared);
+                sh.reading = false;
+                self.absorb(&mut sh, r);
+                s.wake(&sh);
+            }
+        }
+    }
+
+    pub(crate) fn abandon(&self, id: u64, pins: Vec<Arc<Allocation>>) {
         match &self.link {
             Link::Inproc { replies, .. } => {
                 lock(replies).remove(&id);

@@ -40,12 +40,14 @@
 //! # Ok::<(), client::ClientError>(())
 //! ```
 
+mod completion;
 mod conn;
 mod error;
 mod ids;
 mod shm;
 mod tensor;
 
+pub use completion::ResponseFuture;
 pub use conn::{
     Client, ClientOptions, CopyStats, Model, ModelInfo, Response, ShmInfo, Ticket, MAX_WAIT,
 };

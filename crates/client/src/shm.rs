@@ -762,6 +762,56 @@ impl ShmLink {
         }
     }
 
+    /// The response to `id` if it has been filed, or the session's end:
+    /// `None` while it may still come. Never waits ([`crate::completion`]).
+    pub(crate) fn take_done(&self, id: u64) -> Option<Result<(Header, Vec<u8>), ClientError>> {
+        let mut sh = lock(&self.shared);
+        if let Some(m) = sh.completed.remove(&id) {
+            return Some(Ok(m));
+        }
+        sh.dead.clone().map(|d| Err(ClientError::AgentGone(d)))
+    }
+
+    /// Receives and files at most one message, waiting at most `limit`
+    /// (polling for `spin` of it); when another caller holds the reader
+    /// role, waits for it to file something instead. What comes is filed
+    /// for whoever waits for it ([`crate::completion`] drives this).
+    pub(crate) fn pump(&self, limit: Duration, spin: Duration, recv_limits: &Limits) {
+        let mut sh = lock(&self.shared);
+        if sh.dead.is_some() {
+            return;
+        }
+        if sh.reading {
+            sh.parked += 1;
+            sh = self
+                .cv
+                .wait_timeout(sh, limit)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            sh.parked -= 1;
+            return;
+        }
+        sh.reading = true;
+        drop(sh);
+        let policy = WaitPolicy {
+            spin: spin.min(limit),
+            ..WaitPolicy::CLIENT
+        };
+        let r = {
+            let mut ch = lock(&self.ch);
+            self.releases.flush(&mut ch);
+            ch.recv(recv_limits, policy, Some(limit))
+        };
+        let mut sh = lock(&self.shared);
+        sh.reading = false;
+        match r {
+            Err(ShmError::TimedOut) => {}
+            Ok(m) => self.absorb(&mut sh, m),
+            Err(e) => self.mark_dead(&mut sh, e),
+        }
+        self.wake(&sh);
+    }
+
     /// A ticket was dropped unwaited: its response is dropped when it comes
     /// (or now, if it is here), and `pins` are kept until then.
     pub(crate) fn abandon(&self, id: u64, pins: Vec<Arc<Allocation>>) {

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 /// Arguments of `bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run a named suite (vaccel, breakdown, load, batching, tenants)
+    /// Run a named suite (vaccel, breakdown, load, batching, tenants,
+    /// client-modes)
     /// instead of the options below; each regenerates one published
     /// experiment (batching: dynamic batching off against on; tenants: one
     /// tenant's flood beside another's light load, with and without a
@@ -138,8 +139,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         )?),
         _ => None,
     };
+    let modes = a.suite.as_deref() == Some(bench::client_modes::SUITE);
     let plan = match &a.suite {
-        _ if tenants.is_some() => None,
+        _ if tenants.is_some() || modes => None,
         Some(name) => Some(suite::suite(name, &root, a.quick)?),
         None => Some(custom_plan(&a)?),
     };
@@ -173,6 +175,13 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     let rows = match (&plan, &tenants) {
         (Some(plan), _) => suite::run_plan(plan, &env, &mut console)?,
         (None, Some(cfg)) => bench::tenants::run(cfg, &root, &env, &mut console)?,
+        (None, None) if modes => {
+            let duration = a.duration.map(duration_arg).transpose()?;
+            let rows =
+                bench::client_modes::run(&root, &env, a.quick, duration, a.repeats, &mut console)?;
+            println!("{}", bench::client_modes::table(&rows));
+            rows
+        }
         (None, None) => return Err("nothing to run".into()),
     };
     let results = bench::results::Results {
