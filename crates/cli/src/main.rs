@@ -31,6 +31,10 @@ enum Command {
     /// with the raw floor, gRPC and ttrpc peers in the same run; write
     /// results, a report and plots.
     Bench(Box<cmd::bench::Args>),
+    /// Attack an agent (hostile bytes, slowloris, idle connections, churn,
+    /// killed clients) while a well-behaved client is watched; report what
+    /// it survived.
+    Torture(cmd::torture::Args),
     /// (internal) Serve the engine over a peer RPC framework for `bench`.
     #[command(hide = true)]
     PeerServe(cmd::peer_serve::Args),
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         Command::Ping(a) => cmd::ping::run(a),
         Command::Classify(a) => cmd::classify::run(a),
         Command::Bench(a) => cmd::bench::run(*a),
+        Command::Torture(a) => cmd::torture::run(a),
         Command::PeerServe(a) => cmd::peer_serve::run(a),
         Command::Hold(a) => cmd::hold::run(a),
         Command::RawEcho(a) => cmd::ping::run_echo(a),

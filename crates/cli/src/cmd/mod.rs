@@ -9,6 +9,7 @@ pub mod models;
 pub mod peer_serve;
 pub mod ping;
 pub mod serve;
+pub mod torture;
 
 use client::Client;
 use server::{Agent, AgentConfig, ModelConfig};

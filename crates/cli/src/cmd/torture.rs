@@ -1,0 +1,75 @@
+//! `tensorwire torture`: the reliability suite ([`torture`]): a real agent
+//! attacked one way at a time while a well-behaved client is served
+//! beside it; prints a row per scenario and, with `--out`, writes
+//! `results.json` and `report.md`. Exits non-zero when a row is not clean
+//! (a defect, an error of the well-behaved client, a descriptor left
+//! behind).
+
+use super::CmdError;
+use std::path::PathBuf;
+
+/// Arguments of `torture`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The ≈ 1 minute run (CI): fewer messages, shorter attacks.
+    #[arg(long)]
+    quick: bool,
+    /// Transports to attack, comma-separated (unix, tcp, shm).
+    #[arg(long, default_value = "unix,tcp,shm", value_delimiter = ',')]
+    transports: Vec<String>,
+    /// Hostile messages per socket transport (default: 3 000 quick, 500 000
+    /// full).
+    #[arg(long)]
+    messages: Option<u64>,
+    /// Write results.json and report.md here.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// The digits model the agent serves beside identity (default:
+    /// models/build/digits_mlp.onnx).
+    #[arg(long, value_name = "PATH")]
+    digits: Option<PathBuf>,
+}
+
+/// Runs `torture`.
+pub fn run(a: Args) -> Result<(), CmdError> {
+    for t in &a.transports {
+        if !["unix", "tcp", "shm"].contains(&t.as_str()) {
+            return Err(format!("--transports: '{t}' is not unix, tcp or shm").into());
+        }
+    }
+    let digits = a
+        .digits
+        .unwrap_or_else(|| classifier::paths::repo_root().join("models/build/digits_mlp.onnx"));
+    if !digits.is_file() {
+        return Err(format!(
+            "{} is missing: run scripts/setup.sh (or pass --digits PATH)",
+            digits.display()
+        )
+        .into());
+    }
+    let mut cfg = torture::Config::new(std::env::current_exe()?, digits, a.quick);
+    cfg.transports = a.transports;
+    if let Some(n) = a.messages {
+        if n == 0 || n > 100_000_000 {
+            return Err("--messages must be 1 to 100000000".into());
+        }
+        cfg.messages = n;
+    }
+    let report = torture::run(&cfg, false)?;
+    if let Some(dir) = &a.out {
+        torture::report::write(dir, &report)?;
+        println!("wrote results.json and report.md to {}", dir.display());
+    }
+    let dirty: Vec<String> = report
+        .scenarios
+        .iter()
+        .filter(|r| !r.clean())
+        .map(|r| format!("{} / {}", r.name, r.transport))
+        .collect();
+    if dirty.is_empty() {
+        println!("all {} scenarios clean", report.scenarios.len());
+        Ok(())
+    } else {
+        Err(format!("not clean: {}", dirty.join(", ")).into())
+    }
+}

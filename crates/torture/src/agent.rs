@@ -1,0 +1,293 @@
+//! [`AgentUnderTest`]: the `tensorwire serve` child every scenario attacks,
+//! listening on unix, tcp and shm, and what the harness reads of it from
+//! `/proc` (open descriptors, resident memory) to find leaks.
+
+use crate::TortureError;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long the agent may take to print its `listening on` lines.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A running agent (killed when dropped).
+pub struct AgentUnderTest {
+    child: Child,
+    _dir: tempfile::TempDir,
+    stderr_path: PathBuf,
+    exe: PathBuf,
+    /// `serve`'s arguments after `serve`.
+    args: Vec<String>,
+    /// `unix://…`.
+    pub unix: String,
+    /// `tcp://127.0.0.1:PORT`.
+    pub tcp: String,
+    /// `shm://…`.
+    pub shm: String,
+}
+
+impl AgentUnderTest {
+    /// Starts `exe serve` on a fresh unix socket, a loopback tcp port and a
+    /// fresh shm name, serving `identity` and `digits` (the model file
+    /// `digits`), plus `extra` arguments; waits for its three
+    /// `listening on` lines.
+    pub fn start(
+        exe: &Path,
+        digits: &Path,
+        extra: &[&str],
+    ) -> Result<AgentUnderTest, TortureError> {
+        let dir = tempfile::Builder::new()
+            .prefix("tw-torture-")
+            .tempdir()
+            .map_err(|e| TortureError(format!("temporary directory: {e}")))?;
+        let listen = [
+            format!("unix://{}", dir.path().join("agent.sock").display()),
+            "tcp://127.0.0.1:0".to_string(),
+            format!(
+                "shm://torture-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            ),
+        ];
+        let mut args: Vec<String> = Vec::new();
+        for l in &listen {
+            args.push("--listen".into());
+            args.push(l.clone());
+        }
+        args.push("--model".into());
+        args.push(format!("digits={}", digits.display()));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let stderr_path = dir.path().join("agent.stderr");
+        let (child, uris) = spawn(exe, &args, &stderr_path)?;
+        let pick = |scheme: &str| {
+            uris.iter()
+                .find(|u| u.starts_with(scheme))
+                .cloned()
+                .ok_or_else(|| TortureError(format!("the agent printed no {scheme} endpoint")))
+        };
+        Ok(AgentUnderTest {
+            unix: pick("unix://")?,
+            tcp: pick("tcp://")?,
+            shm: pick("shm://")?,
+            child,
+            _dir: dir,
+            stderr_path,
+            exe: exe.to_path_buf(),
+            args,
+        })
+    }
+
+    /// Kills the agent (if it still runs) and starts it again on the same
+    /// endpoints (the tcp port it had), as a supervisor would.
+    pub fn restart(&mut self) -> Result<(), TortureError> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| {
+                if a == "tcp://127.0.0.1:0" {
+                    self.tcp.clone()
+                } else {
+                    a.clone()
+                }
+            })
+            .collect();
+        let (child, _) = spawn(&self.exe, &args, &self.stderr_path)?;
+        self.child = child;
+        Ok(())
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The URI of `transport` (`unix`, `tcp` or `shm`).
+    pub fn uri(&self, transport: &str) -> &str {
+        match transport {
+            "unix" => &self.unix,
+            "tcp" => &self.tcp,
+            _ => &self.shm,
+        }
+    }
+
+    /// Whether it still runs; if it died, why (with its stderr's tail).
+    pub fn check_alive(&mut self) -> Result<(), TortureError> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => {
+                let err = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+                let tail: String = err
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                Err(TortureError(format!(
+                    "the agent died ({status}); the end of its stderr:\n{tail}"
+                )))
+            }
+            Err(e) => Err(TortureError(format!("waiting on the agent: {e}"))),
+        }
+    }
+
+    /// Sends `sig` to it.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, sig);
+        }
+    }
+
+    /// Sends SIGSTOP and waits (at most 5 s) until every thread of it is
+    /// stopped: the signal reaches a thread running on another core a
+    /// moment after kill(2) returns.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let tasks = format!("/proc/{}/task", self.pid());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let stopped = std::fs::read_dir(&tasks)
+                .map(|d| {
+                    d.filter_map(Result::ok).all(|t| {
+                        let stat =
+                            std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                        // The state follows the command name, in parentheses.
+                        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+                        matches!(state, Some('T') | Some('t') | None)
+                    })
+                })
+                .unwrap_or(true);
+            if stopped {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Open file descriptors of the agent now.
+    pub fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Resident set size of the agent now, KiB.
+    pub fn rss_kib(&self) -> u64 {
+        rss_kib(self.pid())
+    }
+
+    /// Waits (at most `limit`) until the agent's descriptors are back to at
+    /// most `baseline`; returns how many it still had over it at the end.
+    pub fn settle_fds(&self, baseline: usize, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        loop {
+            let now = self.fds();
+            if now <= baseline || Instant::now() >= deadline {
+                return now.saturating_sub(baseline);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for AgentUnderTest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `exe serve args…` and waits for its three `listening on` lines;
+/// returns the child and the URIs it printed.
+fn spawn(
+    exe: &Path,
+    args: &[String],
+    stderr_path: &Path,
+) -> Result<(Child, Vec<String>), TortureError> {
+    let stderr = std::fs::File::create(stderr_path)
+        .map_err(|e| TortureError(format!("{}: {e}", stderr_path.display())))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+    die_with_parent(&mut cmd);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| TortureError(format!("cannot run {}: {e}", exe.display())))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| TortureError("no stdout pipe to the agent".into()))?;
+    // The lines come from a thread, so a silent agent cannot block us past
+    // the deadline.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut uris = Vec::new();
+    while uris.len() < 3 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(u) = line.strip_prefix("listening on ") {
+                    uris.push(u.trim().to_string());
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = std::fs::read_to_string(stderr_path).unwrap_or_default();
+                return Err(TortureError(format!(
+                    "the agent did not start within {START_TIMEOUT:?}; its stderr:\n{err}"
+                )));
+            }
+        }
+    }
+    Ok((child, uris))
+}
+
+/// `VmRSS` of process `pid`, KiB (0 when unreadable).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Makes the child die with this process (`PR_SET_PDEATHSIG`), so an
+/// interrupted run leaves no agent spinning.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and makes
+    // one async-signal-safe system call (prctl), touching no parent memory.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}

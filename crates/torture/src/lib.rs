@@ -1,0 +1,203 @@
+//! `tensorwire torture`: the reliability suite a platform team can rerun.
+//! It starts a real agent (`tensorwire serve` on unix, tcp and shm, serving
+//! `identity` and the digits MLP), attacks it one way at a time — hostile
+//! bytes at volume, slowloris senders, thousands of idle connections,
+//! connect churn, clients SIGKILLed mid-request, and then the agent
+//! itself stopped, killed and restarted — while a well-behaved
+//! client ([`observer::Observer`]) is served beside each attack, and
+//! reports per scenario: the volume tried, the defects found (connections
+//! the agent neither answered nor closed, an agent that died), the
+//! observer's errors and its p99 before/during/after, and what the agent
+//! kept afterwards (descriptors over its baseline, resident memory).
+//!
+//! The claim each row makes is "others kept being served": a row is clean
+//! when it has no defects, the observer no errors, and no descriptor was
+//! left behind. [`run`] returns the [`Report`]; [`report`] writes it as
+//! `results.json` and `report.md`.
+//!
+//! Modules: [`agent`] (the child under test and its `/proc` readings),
+//! [`observer`] (the well-behaved client), [`hostile`] (the hostile
+//! messages), [`scenarios`] (the attacks), [`report`] (the files).
+
+pub mod agent;
+pub mod hostile;
+pub mod observer;
+pub mod report;
+pub mod scenarios;
+
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// An error that stops the run (the agent cannot start, a file cannot be
+/// written). Defects found in the agent are not errors: they are rows.
+#[derive(Debug, Clone)]
+pub struct TortureError(pub String);
+
+impl std::fmt::Display for TortureError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TortureError {}
+
+/// How hard the run is.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The `tensorwire` binary (the agent and the ping clients).
+    pub exe: PathBuf,
+    /// The digits model (`models/build/digits_mlp.onnx`).
+    pub digits: PathBuf,
+    /// Transports to attack (of `unix`, `tcp`, `shm`; the socket attacks
+    /// skip `shm`).
+    pub transports: Vec<String>,
+    /// Hostile messages per socket transport.
+    pub messages: u64,
+    /// Slowloris connections.
+    pub slow_senders: usize,
+    /// Idle connections held at once.
+    pub idle: usize,
+    /// Clients killed per transport.
+    pub kills: u64,
+    /// How long the slowloris, idle and churn attacks last.
+    pub attack: Duration,
+    /// How long the observer runs before and after each attack.
+    pub phase: Duration,
+    /// Whether this is the `--quick` run.
+    pub quick: bool,
+}
+
+impl Config {
+    /// The `--quick` run (about a minute, for CI) or the full one.
+    pub fn new(exe: PathBuf, digits: PathBuf, quick: bool) -> Config {
+        let transports = ["unix", "tcp", "shm"].map(String::from).to_vec();
+        if quick {
+            Config {
+                exe,
+                digits,
+                transports,
+                messages: 3_000,
+                slow_senders: 32,
+                idle: 500,
+                kills: 4,
+                attack: Duration::from_secs(1),
+                phase: Duration::from_millis(500),
+                quick,
+            }
+        } else {
+            Config {
+                exe,
+                digits,
+                transports,
+                messages: 500_000,
+                slow_senders: 256,
+                idle: 10_000,
+                kills: 40,
+                attack: Duration::from_secs(10),
+                phase: Duration::from_secs(3),
+                quick,
+            }
+        }
+    }
+}
+
+/// What an agent kept after a scenario.
+#[derive(Clone, Debug, Serialize)]
+pub struct Leaks {
+    /// Open descriptors over the baseline 5 s after the attack ended.
+    pub fds: usize,
+    /// Resident memory after minus before, KiB (allocators keep freed
+    /// memory: read it as a trend, not a leak by itself).
+    pub rss_delta_kib: i64,
+}
+
+/// One row of the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScenarioResult {
+    /// The scenario (`hostile bytes`, `slowloris`, ...).
+    pub name: String,
+    /// The transport attacked (and the observer's).
+    pub transport: String,
+    /// Volume: messages, connections or kills.
+    pub tried: u64,
+    /// Defects: hung connections, an agent that died.
+    pub defects: u64,
+    /// The observer's requests that succeeded, all phases.
+    pub others_requests: u64,
+    /// The observer's failed requests, all phases.
+    pub others_errors: u64,
+    /// Of those, answers with wrong bytes.
+    pub others_wrong: u64,
+    /// The observer's p99 before the attack, µs.
+    pub others_p99_before_us: f64,
+    /// Its p99 during the attack, µs.
+    pub others_p99_during_us: f64,
+    /// Its p99 after, µs.
+    pub others_p99_after_us: f64,
+    /// During over before.
+    pub others_p99_ratio: f64,
+    /// What the agent kept.
+    pub leaks: Leaks,
+    /// How long the attack ran, s.
+    pub seconds: f64,
+    /// Outcome counts and remarks.
+    pub notes: Vec<String>,
+}
+
+impl ScenarioResult {
+    /// No defect, no observer error, no descriptor left behind.
+    pub fn clean(&self) -> bool {
+        self.defects == 0 && self.others_errors == 0 && self.leaks.fds == 0
+    }
+}
+
+/// A whole run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The command line.
+    pub command: String,
+    /// Whether it was `--quick`.
+    pub quick: bool,
+    /// Seconds it took.
+    pub elapsed_s: f64,
+    /// The rows, in the order run.
+    pub scenarios: Vec<ScenarioResult>,
+}
+
+/// Runs every scenario on every transport it applies to, printing each row
+/// as it completes (unless `quiet`).
+pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
+    let t0 = std::time::Instant::now();
+    let mut agent = agent::AgentUnderTest::start(&cfg.exe, &cfg.digits, &[])?;
+    let mut rows = Vec::new();
+    let push = |r: ScenarioResult, rows: &mut Vec<ScenarioResult>| {
+        if !quiet {
+            println!("{}", report::line(&r));
+        }
+        rows.push(r);
+    };
+    for t in &cfg.transports {
+        let t = t.as_str();
+        if t != "shm" {
+            push(scenarios::hostile_bytes(&mut agent, cfg, t)?, &mut rows);
+            push(scenarios::slowloris(&mut agent, cfg, t)?, &mut rows);
+            push(scenarios::idle(&mut agent, cfg, t)?, &mut rows);
+            push(scenarios::churn(&mut agent, cfg, t)?, &mut rows);
+        }
+        push(
+            scenarios::client_kills(&mut agent, cfg, &cfg.exe.clone(), t)?,
+            &mut rows,
+        );
+    }
+    drop(agent);
+    for r in scenarios::agent_faults(cfg)? {
+        push(r, &mut rows);
+    }
+    Ok(Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        quick: cfg.quick,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+        scenarios: rows,
+    })
+}

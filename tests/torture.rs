@@ -1,0 +1,92 @@
+//! `tensorwire torture --quick` against a real agent: every scenario runs
+//! on every transport it applies to, the well-behaved client beside each
+//! attack is served without an error, the agent keeps no descriptor of
+//! the attackers, and results.json carries what the report promises.
+
+use common::tensorwire_command;
+use serde_json::Value;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+#[test]
+fn torture_quick_is_clean() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = tensorwire_command()
+        .args(["torture", "--quick", "--out"])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tensorwire torture");
+    let t0 = Instant::now();
+    let limit = Duration::from_secs(300);
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("tensorwire torture --quick ran over {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("torture took {:.1?}:\n{stdout}", t0.elapsed());
+    assert!(
+        out.status.success(),
+        "torture reported a defect ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(dir.path().join("results.json")).expect("results.json");
+    let r: Value = serde_json::from_str(&text).expect("results.json parses");
+    let rows = r["scenarios"].as_array().expect("scenarios");
+    let has = |name: &str, transport: &str| {
+        rows.iter()
+            .find(|x| x["name"] == name && x["transport"] == transport)
+            .unwrap_or_else(|| panic!("no row {name} / {transport}"))
+    };
+    for t in ["unix", "tcp"] {
+        for name in [
+            "hostile bytes",
+            "slowloris",
+            "idle connections",
+            "connect churn",
+        ] {
+            let row = has(name, t);
+            assert!(row["tried"].as_u64().unwrap_or(0) > 0, "{row}");
+            assert!(
+                row["others_requests"].as_u64().unwrap_or(0) > 100,
+                "the observer was barely served: {row}"
+            );
+        }
+        assert!(has("hostile bytes", t)["tried"].as_u64() >= Some(3000));
+    }
+    for t in ["unix", "tcp", "shm"] {
+        has("client killed mid-request", t);
+        for name in [
+            "agent stopped (SIGSTOP)",
+            "agent killed (SIGKILL)",
+            "agent restarted, client reconnects",
+        ] {
+            let row = has(name, t);
+            assert_eq!(row["defects"], 0, "{row}");
+        }
+    }
+    for row in rows {
+        for key in [
+            "name",
+            "transport",
+            "tried",
+            "others_errors",
+            "others_p99_ratio",
+            "leaks",
+        ] {
+            assert!(row.get(key).is_some(), "row has no {key}: {row}");
+        }
+        assert_eq!(row["defects"], 0, "{row}");
+        assert_eq!(row["others_errors"], 0, "{row}");
+        assert_eq!(row["leaks"]["fds"], 0, "{row}");
+    }
+    let report = std::fs::read_to_string(dir.path().join("report.md")).expect("report.md");
+    assert!(report.contains("| hostile bytes | unix |"), "{report}");
+}
