@@ -1,7 +1,8 @@
 //! `tensorwire torture --quick` against a real agent: every scenario runs
 //! on every transport it applies to, the well-behaved client beside each
 //! attack is served without an error, the agent keeps no descriptor of
-//! the attackers, and results.json carries what the report promises.
+//! the attackers, the soak checks every answer, and results.json carries
+//! what the report promises.
 
 use common::tensorwire_command;
 use serde_json::Value;
@@ -72,6 +73,14 @@ fn torture_quick_is_clean() {
             assert_eq!(row["defects"], 0, "{row}");
         }
     }
+    let soak = has("soak", "unix+tcp+shm");
+    assert!(
+        soak["others_requests"].as_u64().unwrap_or(0) > 1000,
+        "the soak barely ran: {soak}"
+    );
+    assert_eq!(soak["others_wrong"], 0, "{soak}");
+    let csv = std::fs::read_to_string(dir.path().join("soak.csv")).expect("soak.csv");
+    assert!(csv.lines().count() >= 15, "a line per soak second: {csv}");
     for row in rows {
         for key in [
             "name",

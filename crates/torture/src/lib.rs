@@ -3,7 +3,8 @@
 //! `identity` and the digits MLP), attacks it one way at a time — hostile
 //! bytes at volume, slowloris senders, thousands of idle connections,
 //! connect churn, clients SIGKILLed mid-request, and then the agent
-//! itself stopped, killed and restarted — while a well-behaved
+//! itself stopped, killed and restarted, and a soak of mixed load over
+//! every transport at once ([`soak`]) — while a well-behaved
 //! client ([`observer::Observer`]) is served beside each attack, and
 //! reports per scenario: the volume tried, the defects found (connections
 //! the agent neither answered nor closed, an agent that died), the
@@ -17,13 +18,15 @@
 //!
 //! Modules: [`agent`] (the child under test and its `/proc` readings),
 //! [`observer`] (the well-behaved client), [`hostile`] (the hostile
-//! messages), [`scenarios`] (the attacks), [`report`] (the files).
+//! messages), [`scenarios`] (the attacks), [`soak`] (the long mixed
+//! load), [`report`] (the files).
 
 pub mod agent;
 pub mod hostile;
 pub mod observer;
 pub mod report;
 pub mod scenarios;
+pub mod soak;
 
 use serde::Serialize;
 use std::path::PathBuf;
@@ -64,6 +67,8 @@ pub struct Config {
     pub attack: Duration,
     /// How long the observer runs before and after each attack.
     pub phase: Duration,
+    /// How long the soak runs (0: no soak).
+    pub soak: Duration,
     /// Whether this is the `--quick` run.
     pub quick: bool,
 }
@@ -83,6 +88,7 @@ impl Config {
                 kills: 4,
                 attack: Duration::from_secs(1),
                 phase: Duration::from_millis(500),
+                soak: Duration::from_secs(20),
                 quick,
             }
         } else {
@@ -96,6 +102,7 @@ impl Config {
                 kills: 40,
                 attack: Duration::from_secs(10),
                 phase: Duration::from_secs(3),
+                soak: Duration::from_secs(3600),
                 quick,
             }
         }
@@ -163,6 +170,8 @@ pub struct Report {
     pub elapsed_s: f64,
     /// The rows, in the order run.
     pub scenarios: Vec<ScenarioResult>,
+    /// The soak's seconds: requests, p99, the agent's RSS and descriptors.
+    pub soak: Vec<soak::Second>,
 }
 
 /// Runs every scenario on every transport it applies to, printing each row
@@ -194,10 +203,17 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
     for r in scenarios::agent_faults(cfg)? {
         push(r, &mut rows);
     }
+    let mut soak_seconds = Vec::new();
+    if !cfg.soak.is_zero() {
+        let s = soak::soak(cfg, cfg.soak.as_secs().max(1))?;
+        push(s.row, &mut rows);
+        soak_seconds = s.seconds;
+    }
     Ok(Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         quick: cfg.quick,
         elapsed_s: t0.elapsed().as_secs_f64(),
         scenarios: rows,
+        soak: soak_seconds,
     })
 }

@@ -1,7 +1,8 @@
 //! The run's files: `results.json` (every [`ScenarioResult`]) and
 //! `report.md` (the table: scenario → volume tried → defects → others'
 //! errors → others' p99 change → leaks), and the one-line form printed as
-//! each row completes.
+//! each row completes; `soak.csv` holds the soak's seconds (requests,
+//! p99, the agent's RSS and descriptors): the p99 over time.
 
 use crate::{Report, ScenarioResult, TortureError};
 use std::fmt::Write as _;
@@ -83,6 +84,16 @@ pub fn write(dir: &Path, rep: &Report) -> Result<(), TortureError> {
     let json = serde_json::to_string_pretty(rep).map_err(|e| err("results.json", &e))?;
     let p = dir.join("results.json");
     std::fs::write(&p, json).map_err(|e| err(&p.display().to_string(), &e))?;
+    let mut csv = String::from("second,requests,p99_us,rss_kib,fds\n");
+    for s in &rep.soak {
+        let _ = writeln!(
+            csv,
+            "{},{},{:.1},{},{}",
+            s.t, s.requests, s.p99_us, s.rss_kib, s.fds
+        );
+    }
+    let p = dir.join("soak.csv");
+    std::fs::write(&p, csv).map_err(|e| err(&p.display().to_string(), &e))?;
     let p = dir.join("report.md");
     std::fs::write(&p, markdown(rep)).map_err(|e| err(&p.display().to_string(), &e))?;
     Ok(())

@@ -21,7 +21,10 @@ pub struct Args {
     /// full).
     #[arg(long)]
     messages: Option<u64>,
-    /// Write results.json and report.md here.
+    /// Seconds of the soak (default: 20 quick, 3600 full; 0 skips it).
+    #[arg(long, value_name = "SECS")]
+    soak_secs: Option<u64>,
+    /// Write results.json, report.md and soak.csv here.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// The digits model the agent serves beside identity (default:
@@ -55,10 +58,19 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         }
         cfg.messages = n;
     }
+    if let Some(s) = a.soak_secs {
+        if s > 7 * 24 * 3600 {
+            return Err("--soak-secs must be at most a week".into());
+        }
+        cfg.soak = std::time::Duration::from_secs(s);
+    }
     let report = torture::run(&cfg, false)?;
     if let Some(dir) = &a.out {
         torture::report::write(dir, &report)?;
-        println!("wrote results.json and report.md to {}", dir.display());
+        println!(
+            "wrote results.json, report.md and soak.csv to {}",
+            dir.display()
+        );
     }
     let dirty: Vec<String> = report
         .scenarios
