@@ -211,6 +211,7 @@ impl DigitsAgent {
                     Endpoint::Tcp { .. } => "tcp",
                     Endpoint::Tls { .. } => "tls",
                     Endpoint::Inproc(_) => "inproc",
+                    Endpoint::Vsock { .. } => "vsock",
                 };
                 (t, ep.to_string())
             })

@@ -545,12 +545,12 @@ fn an_over_long_line_is_truncated_with_a_warning_and_classified() {
 
 #[test]
 fn unbuilt_transports_are_refused_by_name() {
-    for (list, name) in [("inproc,rdma", "rdma"), ("vsock", "vsock")] {
+    for (list, words) in [
+        ("inproc,rdma", "rdma transport is not built yet"),
+        ("vsock", "vsock transport is not among the configurations"),
+    ] {
         let (st, out, err) = classify(&["-f", "/nonexistent.txt", "--compare", list]);
         assert!(!st.success(), "{out}");
-        assert!(
-            err.contains(&format!("{name} transport is not built yet")),
-            "{err}"
-        );
+        assert!(err.contains(words), "{err}");
     }
 }

@@ -411,8 +411,10 @@ def connect(
     """Connects to a tensorwire agent.
 
     ``uri``: ``shm://name`` (shared memory: the fastest, zero-copy with
-    :meth:`Client.empty`), ``unix:///path/to.sock``, ``tcp://host:port``, or
-    ``inproc://name`` (an :class:`Agent` in this process).
+    :meth:`Client.empty`), ``unix:///path/to.sock``, ``tcp://host:port``,
+    ``tls://host:port``, ``vsock://CID:PORT`` (from a VM to its host:
+    ``vsock://2:PORT``), or ``inproc://name`` (an :class:`Agent` in this
+    process).
     ``timeout``: seconds a call waits for its response (:class:`Timeout`).
     ``connect_timeout``: seconds connecting may take.
     ``spin_us``: microseconds a waiting call polls before it sleeps.

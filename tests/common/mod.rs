@@ -200,7 +200,10 @@ impl TestAgent {
             match ep {
                 Endpoint::Unix(_) => unix = Some(ep.to_string()),
                 Endpoint::Tcp { .. } => tcp = Some(ep.to_string()),
-                Endpoint::Inproc(_) | Endpoint::Shm(_) | Endpoint::Tls { .. } => {}
+                Endpoint::Inproc(_)
+                | Endpoint::Shm(_)
+                | Endpoint::Tls { .. }
+                | Endpoint::Vsock { .. } => {}
             }
         }
         let tcp = tcp.expect("agent reports its TCP endpoint");
@@ -374,8 +377,11 @@ impl RawPeer {
                 s.set_write_timeout(Some(RAW_TIMEOUT)).expect("timeout");
                 RawStream::Tcp(s)
             }
-            Endpoint::Inproc(_) | Endpoint::Shm(_) | Endpoint::Tls { .. } => {
-                panic!("a raw peer needs a plain socket, not {uri}")
+            Endpoint::Inproc(_)
+            | Endpoint::Shm(_)
+            | Endpoint::Tls { .. }
+            | Endpoint::Vsock { .. } => {
+                panic!("a raw peer needs a unix or tcp socket, not {uri}")
             }
         };
         RawPeer { s, next_id: 1000 }

@@ -343,7 +343,8 @@ size_t tw_dtype_size(tw_dtype dtype);
 
 /**
  * Connects to an agent: `uri` is `shm://NAME`, `unix:///PATH`,
- * `tcp://HOST:PORT` or `inproc://NAME`. `timeout_s` bounds connecting and
+ * `tcp://HOST:PORT`, `vsock://CID:PORT` or `inproc://NAME`. `timeout_s`
+ * bounds connecting and
  * then each call's wait for its response, in seconds; 0 takes the
  * defaults (5 s to connect, 30 s per call). On success `*out` is the new
  * client (close it with `tw_client_close`); on failure it is NULL. The

@@ -368,8 +368,9 @@ impl Acceptor {
                 creds,
                 addr: match peer {
                     PeerId::Addr(a) => Some(a),
-                    PeerId::Uid(_) => None,
+                    PeerId::Uid(_) | PeerId::Vsock(_) => None,
                 },
+                vsock: conn.vsock_peer(),
                 in_process: false,
                 cert_names: None,
             };

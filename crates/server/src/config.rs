@@ -30,7 +30,7 @@
 //!
 //! [connections]            # who may hold how many connections; defaults shown
 //! max = 8192               # agent-wide (each costs one file descriptor)
-//! max_per_peer = 1024      # per uid (unix, shm) or source address (tcp); at most max
+//! max_per_peer = 1024      # per uid (unix, shm), source address (tcp) or CID (vsock); at most max
 //! handshake_timeout_ms = 3000  # a connection without a Hello this long is closed
 //! idle_timeout_ms = 0      # a session idle this long is closed (0 = never)
 //!
@@ -51,7 +51,8 @@
 //! tenants = ""             # a tenants file (server::tenants): identities, rights, quotas
 //! socket_mode = "0600"     # unix:// sockets and shm:// control sockets: owner only
 //! socket_group = ""        # their group (a name or a gid; "" = the agent's)
-//! insecure = false         # allow tcp/grpc/http listeners beyond loopback (clear text)
+//! insecure = false         # allow tcp/grpc/http listeners beyond loopback (clear text;
+//!                          # vsock:// needs no leave: it never leaves the host)
 //!
 //! [tls]                    # the agent's certificate, for tls://, https:// and grpcs:// listeners
 //! cert = ""                # PEM certificate chain, the agent's own first
@@ -1182,6 +1183,11 @@ mod tests {
             c.insecure = true;
             c.validate().unwrap();
         }
+        // vsock reaches the hypervisor's host (and what it routes), never a
+        // network: no --insecure needed, as for loopback.
+        let mut c = AgentConfig::default();
+        c.add_listen("vsock://-1:5000").unwrap();
+        c.validate().unwrap();
         for bad in ["0800", "x", "", "01777"] {
             assert!(parse_mode(bad).is_err(), "{bad}");
         }

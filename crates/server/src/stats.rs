@@ -55,14 +55,16 @@ pub enum Via {
     Grpc = 4,
     /// The KServe v2 HTTP/REST front door (`http://`).
     Http = 5,
+    /// `vsock://` sessions.
+    Vsock = 6,
     /// A caller that did not say (`AgentCore::prepare` / `prepare_in`).
     #[default]
-    Other = 6,
+    Other = 7,
 }
 
 impl Via {
     /// How many there are.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
 
     /// Every one, in label order.
     pub const ALL: [Via; Via::COUNT] = [
@@ -72,6 +74,7 @@ impl Via {
         Via::Shm,
         Via::Grpc,
         Via::Http,
+        Via::Vsock,
         Via::Other,
     ];
 
@@ -85,6 +88,7 @@ impl Via {
             Via::Shm => "shm",
             Via::Grpc => "grpc",
             Via::Http => "http",
+            Via::Vsock => "vsock",
             Via::Other => "other",
         }
     }
@@ -97,6 +101,7 @@ impl Via {
             // TLS sessions are tcp sessions: counted with them.
             transport::Endpoint::Tcp { .. } | transport::Endpoint::Tls { .. } => Via::Tcp,
             transport::Endpoint::Shm(_) => Via::Shm,
+            transport::Endpoint::Vsock { .. } => Via::Vsock,
         }
     }
 }
@@ -561,7 +566,7 @@ mod tests {
         let names: Vec<&str> = Via::ALL.iter().map(|v| v.name()).collect();
         assert_eq!(
             names,
-            ["inproc", "unix", "tcp", "shm", "grpc", "http", "other"]
+            ["inproc", "unix", "tcp", "shm", "grpc", "http", "vsock", "other"]
         );
         for (i, v) in Via::ALL.iter().enumerate() {
             assert_eq!(*v as usize, i);

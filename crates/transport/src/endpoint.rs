@@ -33,6 +33,16 @@ pub enum Endpoint {
         /// The client's trust, certificate and expected server name.
         client: TlsClientParams,
     },
+    /// `vsock://CID:PORT`: a stream over `AF_VSOCK`, between a VM and its
+    /// host ([`crate::vsock`]). CID `-1` or `any` ([`crate::vsock::CID_ANY`],
+    /// listeners only), `host` (2), `local` (1) or a number; port a number
+    /// (`-1` or `any`: one the kernel picks, listeners only).
+    Vsock {
+        /// The context id: which machine.
+        cid: u32,
+        /// The port on it.
+        port: u32,
+    },
 }
 
 impl Endpoint {
@@ -142,9 +152,34 @@ impl Endpoint {
                 }
                 Ok(Endpoint::Shm(rest.to_string()))
             }
-            "vsock" => Err(bad("the vsock transport is not built yet")),
+            "vsock" => {
+                no_params(&params)?;
+                let (cid, port) = rest.rsplit_once(':').ok_or_else(|| {
+                    bad("missing port, e.g. vsock://2:5000 (CID 2 = the host) or \
+                         vsock://-1:5000 to listen on any CID")
+                })?;
+                let number = |what: &str, s: &str| -> Result<u32, TransportError> {
+                    match s {
+                        "-1" | "any" => Ok(u32::MAX),
+                        "" => Err(bad(&format!("missing {what}, e.g. vsock://2:5000"))),
+                        n => n.parse::<u32>().map_err(|_| {
+                            bad(&format!(
+                                "{what} '{n}' is not a number from 0 to 4294967295 (or -1/any{})",
+                                if what == "CID" { ", host, local" } else { "" }
+                            ))
+                        }),
+                    }
+                };
+                let cid = match cid {
+                    "host" => crate::vsock::CID_HOST,
+                    "local" => crate::vsock::CID_LOCAL,
+                    c => number("CID", c)?,
+                };
+                let port = number("port", port)?;
+                Ok(Endpoint::Vsock { cid, port })
+            }
             other => Err(bad(&format!(
-                "unknown scheme '{other}' (known: inproc, unix, tcp, tls, shm)"
+                "unknown scheme '{other}' (known: inproc, unix, tcp, tls, shm, vsock)"
             ))),
         }
     }
@@ -175,6 +210,14 @@ impl fmt::Display for Endpoint {
             Endpoint::Inproc(n) => write!(f, "inproc://{n}"),
             Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
             Endpoint::Shm(n) => write!(f, "shm://{n}"),
+            Endpoint::Vsock { cid, port } => write!(
+                f,
+                "vsock://{}",
+                crate::vsock::VsockAddr {
+                    cid: *cid,
+                    port: *port
+                }
+            ),
             Endpoint::Tcp {
                 addr,
                 nodelay: true,
@@ -268,6 +311,30 @@ mod tests {
     }
 
     #[test]
+    fn parses_vsock() {
+        let v = |cid, port| Endpoint::Vsock { cid, port };
+        for (uri, want, shown) in [
+            ("vsock://2:5000", v(2, 5000), "vsock://2:5000"),
+            ("vsock://host:5000", v(2, 5000), "vsock://2:5000"),
+            ("vsock://local:7", v(1, 7), "vsock://1:7"),
+            ("vsock://-1:5000", v(u32::MAX, 5000), "vsock://-1:5000"),
+            ("vsock://any:5000", v(u32::MAX, 5000), "vsock://-1:5000"),
+            (
+                "vsock://4294967295:5000",
+                v(u32::MAX, 5000),
+                "vsock://-1:5000",
+            ),
+            ("vsock://-1:any", v(u32::MAX, u32::MAX), "vsock://-1:-1"),
+            ("vsock://3:0", v(3, 0), "vsock://3:0"),
+        ] {
+            let ep = Endpoint::parse(uri).unwrap();
+            assert_eq!(ep, want, "{uri}");
+            assert_eq!(ep.to_string(), shown, "{uri}");
+            assert_eq!(Endpoint::parse(shown).unwrap(), want, "{shown}");
+        }
+    }
+
+    #[test]
     fn rejects_bad_uris_clearly() {
         for (uri, needle) in [
             ("127.0.0.1:80", "SCHEME://"),
@@ -284,6 +351,17 @@ mod tests {
             ("tls://h:1?cert=c.pem", "both cert= and key="),
             ("tls://h:1?ca=", "empty value"),
             ("tls://h", "missing port, e.g. tls://"),
+            ("vsock://2", "missing port, e.g. vsock://2:5000"),
+            ("vsock://:5000", "missing CID"),
+            ("vsock://2:", "missing port"),
+            ("vsock://two:5000", "CID 'two' is not a number"),
+            ("vsock://-2:5000", "CID '-2' is not a number"),
+            ("vsock://2:4294967296", "port '4294967296' is not a number"),
+            ("vsock://2:50x", "port '50x'"),
+            (
+                "vsock://2:5000?nodelay=0",
+                "unknown parameter 'nodelay' for vsock://",
+            ),
         ] {
             let e = Endpoint::parse(uri).unwrap_err().to_string();
             assert!(e.contains(needle), "{uri}: {e}");

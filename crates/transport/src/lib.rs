@@ -2,7 +2,8 @@
 //! another. Nothing here knows what a model is.
 //!
 //! An [`Endpoint`] is parsed from a URI (`inproc://name`, `unix:///path`,
-//! `tcp://host:port[?nodelay=0]`) and picks the transport at run time. The
+//! `tcp://host:port[?nodelay=0]`, `tls://…`, `shm://name`,
+//! `vsock://CID:PORT`) and picks the transport at run time. The
 //! socket transports share one framing, [`StreamConn`]: a message goes out
 //! as a single vectored `sendmsg` straight from the caller's buffers (header,
 //! descriptors, then each tensor at its 64-byte aligned offset), and comes in
@@ -23,6 +24,7 @@ pub mod shm;
 pub mod spin;
 mod stream;
 pub mod tls;
+pub mod vsock;
 
 pub use endpoint::Endpoint;
 pub use error::{RecvError, TransportError};

@@ -1,8 +1,11 @@
-//! [`Listener`]: accepts stream connections on a Unix or TCP endpoint.
+//! [`Listener`]: accepts stream connections on a Unix, TCP or vsock endpoint.
 //!
 //! A Unix listener removes a stale socket file left by a dead agent (after
 //! checking nobody answers on it) and removes its own file when dropped.
-//! [`ListenerWaker`] lets another thread wake a blocked `accept` for shutdown.
+//! [`ListenerWaker`] lets another thread wake a blocked `accept` for
+//! shutdown: by `shutdown(2)` on Unix and TCP listeners; a vsock listener
+//! refuses `shutdown` (`ENOTCONN`, the accept sleeps on), so it waits in
+//! `poll` on its socket and an eventfd the waker signals.
 
 use crate::endpoint::Endpoint;
 use crate::error::TransportError;
@@ -10,8 +13,10 @@ use crate::stream::StreamConn;
 use crate::tls::TlsSock;
 use std::io;
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A listening socket.
@@ -27,19 +32,38 @@ enum Kind {
     Tcp(TcpListener, bool),
     /// TLS over TCP: each accepted socket starts a session of this config.
     Tls(TcpListener, bool, std::sync::Arc<rustls::ServerConfig>),
+    /// `AF_VSOCK`, non-blocking, and the eventfd that wakes its `accept`.
+    Vsock(socket2::Socket, Arc<OwnedFd>),
 }
 
 /// Wakes a thread blocked in [`Listener::accept`] (which then fails), for shutdown.
 #[derive(Debug)]
 pub struct ListenerWaker {
-    fd: std::os::fd::OwnedFd,
+    wake: Wake,
+}
+
+#[derive(Debug)]
+enum Wake {
+    /// The listening socket (a duplicate): shut down.
+    Shutdown(OwnedFd),
+    /// A vsock listener's eventfd: signalled.
+    Event(Arc<OwnedFd>),
 }
 
 impl ListenerWaker {
-    /// Makes the blocked (and every future) `accept` return an error.
+    /// Makes the blocked (and every future) `accept` return an error
+    /// (`EINVAL`).
     pub fn wake(&self) {
-        // shutdown(2) on a listening socket makes Linux fail accept() with EINVAL.
-        let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
+        match &self.wake {
+            // shutdown(2) on a listening socket makes Linux fail accept() with EINVAL.
+            Wake::Shutdown(fd) => {
+                let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
+            }
+            // Never read: it stays readable, so every later accept fails too.
+            Wake::Event(fd) => {
+                let _ = rustix::io::write(&**fd, &1u64.to_ne_bytes());
+            }
+        }
     }
 }
 
@@ -60,7 +84,9 @@ pub fn remove_stale_unix_socket(path: &std::path::Path) -> io::Result<()> {
 }
 
 impl Listener {
-    /// Binds and listens on a Unix or TCP endpoint.
+    /// Binds and listens on a Unix, TCP or vsock endpoint (`shm://` too:
+    /// its control socket). A port in use, a CID that is not this
+    /// machine's and the like are errors naming the endpoint and saying why.
     pub fn bind(ep: &Endpoint) -> Result<Listener, TransportError> {
         let err = |source: io::Error| TransportError::Io {
             what: "listen on",
@@ -105,6 +131,23 @@ impl Listener {
                 uri: ep.to_string(),
                 reason: "in-process endpoints are registered, not bound".into(),
             }),
+            Endpoint::Vsock { cid, port } => {
+                let (l, bound) = crate::vsock::listen(crate::vsock::VsockAddr {
+                    cid: *cid,
+                    port: *port,
+                })
+                .map_err(err)?;
+                l.set_nonblocking(true).map_err(err)?;
+                let wake = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+                    .map_err(|e| err(e.into()))?;
+                Ok(Listener {
+                    kind: Kind::Vsock(l, Arc::new(wake)),
+                    endpoint: Endpoint::Vsock {
+                        cid: bound.cid,
+                        port: bound.port,
+                    },
+                })
+            }
             Endpoint::Shm(name) => {
                 // The shm control socket: a Unix listener at its private path.
                 let path = crate::shm::control_path(name).map_err(err)?;
@@ -175,14 +218,15 @@ impl Listener {
     pub fn accept_unix(&self) -> io::Result<UnixStream> {
         match &self.kind {
             Kind::Unix(l, _) => Ok(l.accept()?.0),
-            Kind::Tcp(..) | Kind::Tls(..) => Err(io::Error::new(
+            Kind::Tcp(..) | Kind::Tls(..) | Kind::Vsock(..) => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "a TCP listener has no Unix streams",
+                "a TCP or vsock listener has no Unix streams",
             )),
         }
     }
 
-    /// The endpoint actually listened on (a TCP port 0 is resolved).
+    /// The endpoint actually listened on (a TCP port 0 or a vsock port -1
+    /// is resolved).
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
@@ -202,18 +246,24 @@ impl Listener {
                 let (s, _) = l.accept()?;
                 StreamConn::from_tls(TlsSock::server(s, config.clone())?, *nodelay)
             }
+            Kind::Vsock(l, wake) => StreamConn::from_vsock(accept_vsock(l, wake)?),
         }
     }
 
     /// A handle that can wake a blocked `accept` from another thread.
     pub fn waker(&self) -> io::Result<ListenerWaker> {
         let fd = match &self.kind {
-            Kind::Unix(l, _) => std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?,
-            Kind::Tcp(l, _) | Kind::Tls(l, ..) => {
-                std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?
+            Kind::Unix(l, _) => l.as_fd().try_clone_to_owned()?,
+            Kind::Tcp(l, _) | Kind::Tls(l, ..) => l.as_fd().try_clone_to_owned()?,
+            Kind::Vsock(_, wake) => {
+                return Ok(ListenerWaker {
+                    wake: Wake::Event(wake.clone()),
+                })
             }
         };
-        Ok(ListenerWaker { fd })
+        Ok(ListenerWaker {
+            wake: Wake::Shutdown(fd),
+        })
     }
 }
 
@@ -225,7 +275,45 @@ impl Drop for Listener {
     }
 }
 
-/// Connects to a Unix or TCP endpoint, giving up after `timeout`.
+/// Waits for a connection on the (non-blocking) vsock listener `l` or for
+/// `wake` to be signalled (then fails with `EINVAL`, as a shut-down Unix or
+/// TCP listener does). The accepted socket is blocking.
+fn accept_vsock(l: &socket2::Socket, wake: &OwnedFd) -> io::Result<socket2::Socket> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        let mut fds = [
+            PollFd::new(l, PollFlags::IN),
+            PollFd::new(wake, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if !fds[1].revents().is_empty() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        if fds[0].revents().is_empty() {
+            continue;
+        }
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            // Another thread took it, or it went away before we got to it.
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.raw_os_error() == Some(libc::ECONNABORTED) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects to a Unix, TCP (TLS) or vsock endpoint, giving up after `timeout`.
 pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, TransportError> {
     let err = |source: io::Error| TransportError::Io {
         what: "connect to",
@@ -251,6 +339,14 @@ pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, Transport
             let tls = TlsSock::client(tcp, config, name, timeout).map_err(err)?;
             StreamConn::from_tls(tls, *nodelay).map_err(err)
         }
+        Endpoint::Vsock { cid, port } => {
+            let addr = crate::vsock::VsockAddr {
+                cid: *cid,
+                port: *port,
+            };
+            let s = crate::vsock::connect(addr, timeout).map_err(err)?;
+            StreamConn::from_vsock(s).map_err(err)
+        }
         Endpoint::Inproc(_) => Err(TransportError::BadUri {
             uri: ep.to_string(),
             reason: "in-process endpoints are looked up with transport::inproc".into(),
@@ -273,4 +369,97 @@ fn connect_tcp(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
         }
     }
     Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vsock::CID_ANY;
+    use std::time::Instant;
+
+    /// A vsock listener on a port the kernel picks; `None` (the test skips)
+    /// where the kernel has no vsock at all.
+    fn vsock_listener() -> Option<Listener> {
+        match Listener::bind(&Endpoint::Vsock {
+            cid: CID_ANY,
+            port: crate::vsock::PORT_ANY,
+        }) {
+            Ok(l) => Some(l),
+            Err(e) if e.to_string().contains("no vsock support") => {
+                eprintln!("skipped: {e}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_vsock_listener_binds_refuses_a_second_and_wakes_for_shutdown() {
+        let Some(l) = vsock_listener() else { return };
+        let Endpoint::Vsock { cid, port } = *l.endpoint() else {
+            panic!("{:?}", l.endpoint())
+        };
+        assert_eq!(cid, CID_ANY);
+        assert_ne!(port, crate::vsock::PORT_ANY, "the port is resolved");
+        assert_eq!(l.endpoint().to_string(), format!("vsock://-1:{port}"));
+        // A second listener on the port is refused, naming it.
+        let ep = Endpoint::Vsock { cid: CID_ANY, port };
+        let e = Listener::bind(&ep).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("listen on vsock://-1:{port}"))
+                && e.contains(&format!("vsock port {port} is in use")),
+            "{e}"
+        );
+        // A CID that is not this machine's.
+        let e = Listener::bind(&Endpoint::Vsock {
+            cid: 77,
+            port: 5000,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("CID 77 is not this machine's"), "{e}");
+        // accept sleeps until the waker: then it, and every later one, fails EINVAL.
+        let waker = l.waker().unwrap();
+        let t = std::thread::spawn(move || {
+            let e = l.accept().map(|_| ()).unwrap_err();
+            let again = l.accept().map(|_| ()).unwrap_err();
+            (e.raw_os_error(), again.raw_os_error())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        waker.wake();
+        assert_eq!(t.join().unwrap(), (Some(22), Some(22)));
+    }
+
+    #[test]
+    fn vsock_clients_get_clear_and_prompt_errors() {
+        if vsock_listener().is_none() {
+            return;
+        }
+        // Whatever this machine routes, a client names one CID and port;
+        // CIDs that do not answer fail within the time-out given.
+        let timeout = Duration::from_millis(300);
+        for ep in ["vsock://-1:5000", "vsock://2:-1"] {
+            let e = connect(&Endpoint::parse(ep).unwrap(), timeout)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("for listeners"), "{e}");
+        }
+        for cid in [1u32, 2, 4_000_000] {
+            let ep = Endpoint::Vsock { cid, port: 1 };
+            let t0 = Instant::now();
+            let Err(e) = connect(&ep, timeout) else {
+                eprintln!("vsock://{cid}:1 answered: nothing to check");
+                continue;
+            };
+            let took = t0.elapsed();
+            let e = e.to_string();
+            assert!(took < Duration::from_secs(1), "{e} after {took:?}");
+            assert!(
+                e.starts_with(&format!("connect to vsock://{cid}:1: ")) && e.contains("CID"),
+                "{e}"
+            );
+            eprintln!("vsock://{cid}:1 → {e} ({took:?})");
+        }
+    }
 }

@@ -9,6 +9,9 @@
 //! finer line to draw). Over TCP it is the source address: all a listener
 //! knows of a remote peer. A host that owns many addresses (IPv6 prefixes)
 //! counts as many peers; tokens (issue "tenants") are the answer to that.
+//! Over vsock it is the peer's CID (its virtual machine, or 2 for the
+//! host): the port is a connection's own, as a TCP source port is, and
+//! vsock has no `SO_PEERCRED`.
 
 use std::fmt;
 use std::io;
@@ -23,6 +26,8 @@ pub enum PeerId {
     Uid(u32),
     /// A remote (or loopback) TCP peer, by source address.
     Addr(IpAddr),
+    /// A vsock peer, by CID: every process of one VM counts as one peer.
+    Vsock(u32),
 }
 
 /// What the kernel recorded of a local peer when it connected
@@ -73,6 +78,7 @@ impl fmt::Display for PeerId {
         match self {
             PeerId::Uid(u) => write!(f, "uid {u}"),
             PeerId::Addr(a) => write!(f, "address {a}"),
+            PeerId::Vsock(cid) => write!(f, "vsock CID {cid}"),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! [`StreamConn`]: tensorwire framing over a connected Unix or TCP socket.
+//! [`StreamConn`]: tensorwire framing over a connected Unix, TCP (TLS
+//! included) or vsock socket.
 //!
 //! Sending: one message is one vectored `sendmsg` straight from the caller's
 //! buffers — header, descriptor section, then each tensor at its 64-byte
@@ -34,6 +35,7 @@ use crate::error::RecvError;
 use crate::peer::{Credentials, PeerId};
 use crate::spin::{Spin, SpinGate, SpinSlots, SOCKET_POLLERS};
 use crate::tls::TlsSock;
+use crate::vsock::VsockAddr;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{recv, sendmsg, RecvFlags, SendAncillaryBuffer, SendFlags};
@@ -84,6 +86,10 @@ enum Sock {
     Tcp(Arc<TcpStream>),
     /// TCP carrying TLS: reads and writes are of plaintext ([`crate::tls`]).
     Tls(Arc<TlsSock>),
+    /// `AF_VSOCK` ([`crate::vsock`]) and its peer's address (kept: tests
+    /// put a socket pair here, whose peer is no vsock address). Read and
+    /// written exactly as a Unix stream.
+    Vsock(Arc<socket2::Socket>, VsockAddr),
 }
 
 impl Sock {
@@ -92,6 +98,7 @@ impl Sock {
             Sock::Unix(s) => s.as_fd(),
             Sock::Tcp(s) => s.as_fd(),
             Sock::Tls(s) => s.tcp().as_fd(),
+            Sock::Vsock(s, _) => s.as_fd(),
         }
     }
 
@@ -100,6 +107,7 @@ impl Sock {
             Sock::Unix(s) => (&**s).read(buf),
             Sock::Tcp(s) => (&**s).read(buf),
             Sock::Tls(s) => s.read(buf),
+            Sock::Vsock(s, _) => (&**s).read(buf),
         }
     }
 
@@ -187,6 +195,7 @@ impl Sock {
             Sock::Unix(s) => s.shutdown(how),
             Sock::Tcp(s) => s.shutdown(how),
             Sock::Tls(s) => s.shutdown(how),
+            Sock::Vsock(s, _) => s.shutdown(how),
         }
     }
 }
@@ -254,6 +263,19 @@ impl StreamConn {
         Ok(StreamConn::new(Sock::Tls(Arc::new(s)), peer))
     }
 
+    /// Wraps a connected vsock socket ([`crate::vsock`]).
+    pub(crate) fn from_vsock(s: socket2::Socket) -> io::Result<StreamConn> {
+        let peer = crate::vsock::peer_addr(&s)?;
+        Ok(StreamConn::from_vsock_at(s, peer))
+    }
+
+    /// Wraps a connected stream socket as a vsock connection whose peer is
+    /// `peer` (the vsock code path over any stream socket: tests run it on
+    /// a socket pair).
+    fn from_vsock_at(s: socket2::Socket, peer: VsockAddr) -> StreamConn {
+        StreamConn::new(Sock::Vsock(Arc::new(s), peer), format!("vsock {peer}"))
+    }
+
     /// The subject alternative DNS names of a TLS peer's verified client
     /// certificate (once its handshake is done); `None` on other sockets
     /// and for TLS peers that presented none.
@@ -270,15 +292,25 @@ impl StreamConn {
             Sock::Unix(s) => PeerId::of_unix(s),
             Sock::Tcp(s) => PeerId::of_tcp(s),
             Sock::Tls(s) => PeerId::of_tcp(s.tcp()),
+            Sock::Vsock(_, a) => Ok(PeerId::Vsock(a.cid)),
+        }
+    }
+
+    /// A vsock peer's CID and port; `None` on other sockets.
+    pub fn vsock_peer(&self) -> Option<VsockAddr> {
+        match &self.sock {
+            Sock::Vsock(_, a) => Some(*a),
+            _ => None,
         }
     }
 
     /// The kernel's record of a Unix peer ([`Credentials`]); `None` over
-    /// TCP, where the source address is all there is.
+    /// TCP, where the source address is all there is, and over vsock (no
+    /// `SO_PEERCRED`: the peer's CID and port, [`Self::vsock_peer`]).
     pub fn credentials(&self) -> io::Result<Option<Credentials>> {
         match &self.sock {
             Sock::Unix(s) => Credentials::of_unix(s).map(Some),
-            Sock::Tcp(_) | Sock::Tls(_) => Ok(None),
+            Sock::Tcp(_) | Sock::Tls(_) | Sock::Vsock(..) => Ok(None),
         }
     }
 
@@ -321,6 +353,7 @@ impl StreamConn {
         match &self.sock {
             Sock::Unix(s) => s.set_read_timeout(t),
             Sock::Tcp(s) => s.set_read_timeout(t),
+            Sock::Vsock(s, _) => s.set_read_timeout(nonzero(t)?),
             Sock::Tls(s) => {
                 s.set_read_timeout(t);
                 Ok(())
@@ -333,6 +366,7 @@ impl StreamConn {
         match &self.sock {
             Sock::Unix(s) => s.set_write_timeout(t),
             Sock::Tcp(s) => s.set_write_timeout(t),
+            Sock::Vsock(s, _) => s.set_write_timeout(nonzero(t)?),
             Sock::Tls(s) => {
                 s.set_write_timeout(t);
                 Ok(())
@@ -649,6 +683,19 @@ fn send_message(
     Ok(())
 }
 
+/// A socket time-out as std's sockets take it: zero is refused (to the
+/// kernel a zero `SO_RCVTIMEO` means no time-out at all; `socket2` passes
+/// it through).
+fn nonzero(t: Option<Duration>) -> io::Result<Option<Duration>> {
+    if t == Some(Duration::ZERO) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cannot set a 0 duration timeout",
+        ));
+    }
+    Ok(t)
+}
+
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -922,5 +969,108 @@ mod tests {
         assert!(a.send(&h, &[], &[b"abc"]).is_err());
         h.desc_len = 3;
         assert!(a.send(&h, &[], &[]).is_err());
+    }
+
+    /// A connected pair on the vsock code path (`Sock::Vsock`: socket2's
+    /// socket, its reads, timeouts and shutdown) over a Unix socket pair:
+    /// this machine has no vsock loopback. `a`'s peer is CID 3 port 1024.
+    fn vsock_pair() -> (StreamConn, StreamConn) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let sock = |s: UnixStream| socket2::Socket::from(std::os::fd::OwnedFd::from(s));
+        (
+            StreamConn::from_vsock_at(sock(a), VsockAddr { cid: 3, port: 1024 }),
+            StreamConn::from_vsock_at(sock(b), VsockAddr { cid: 2, port: 5000 }),
+        )
+    }
+
+    #[test]
+    fn vsock_sockets_carry_the_same_framing() {
+        let (a, mut b) = vsock_pair();
+        assert!(matches!(a.sock, Sock::Vsock(..)));
+        assert_eq!(a.peer(), "vsock 3:1024");
+        assert_eq!(a.peer_id().unwrap(), PeerId::Vsock(3));
+        assert_eq!(PeerId::Vsock(3).to_string(), "vsock CID 3");
+        assert_eq!(a.vsock_peer(), Some(VsockAddr { cid: 3, port: 1024 }));
+        assert!(a.credentials().unwrap().is_none(), "no SO_PEERCRED");
+        // A message with padding, then a large one read mostly in place,
+        // through the writer handle (the socket shared, not dup'ed).
+        let t0 = vec![1u8; 3];
+        let t1: Vec<u8> = (0..100u8).collect();
+        let (h, desc) = request(&[&t0, &t1]);
+        a.send(&h, &desc, &[&t0, &t1]).unwrap();
+        let (got, gdesc) = b.recv_head(&Limits::default()).unwrap();
+        assert_eq!((got, gdesc), (h, desc));
+        let mut payload = vec![0u8; h.payload_len as usize];
+        b.recv_payload(&mut payload).unwrap();
+        assert_eq!(&payload[64..164], &t1[..]);
+        let big = vec![7u8; 1 << 20];
+        let w = a.writer().unwrap();
+        let t = std::thread::spawn(move || {
+            let (h, desc) = request(&[&big]);
+            w.send(&h, &desc, &[&big]).unwrap();
+        });
+        let (h, _) = b.recv_head(&Limits::default()).unwrap();
+        let mut dest = vec![0u8; h.payload_len as usize];
+        b.recv_payload(&mut dest).unwrap();
+        t.join().unwrap();
+        assert!(dest.iter().all(|&x| x == 7));
+        let s = b.stats();
+        assert_eq!(
+            s.staged_payload_bytes + s.direct_payload_bytes,
+            1 << 20 | 164
+        );
+        // Answers the other way.
+        b.send(&Header::new(Kind::Ping), &[], &[]).unwrap();
+        let mut a = a;
+        assert_eq!(a.recv_head(&Limits::default()).unwrap().0.kind, Kind::Ping);
+    }
+
+    #[test]
+    fn vsock_sockets_poll_time_out_and_see_a_vanished_peer() {
+        // A polling read catches a quick message.
+        let slots: &'static SpinSlots = Box::leak(Box::new(SpinSlots::with_cap(1)));
+        let (a, mut b) = vsock_pair();
+        b.set_spin_in(Duration::from_millis(500), slots);
+        let s = ping_after_2ms(a, &mut b);
+        assert_eq!((s.spins_caught, s.spins_missed), (1, 0), "{s:?}");
+        // A time-out between messages is benign; a zero one is refused
+        // (the kernel would take it as none).
+        let (a, mut b) = vsock_pair();
+        b.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::TimedOut)
+        ));
+        assert!(b.set_read_timeout(Some(Duration::ZERO)).is_err());
+        assert!(b.set_write_timeout(Some(Duration::ZERO)).is_err());
+        // Parking: nothing there is WouldBlock, not a wait.
+        b.set_parking(true);
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::WouldBlock)
+        ));
+        b.set_parking(false);
+        // The peer vanishing mid-message is an error that says so; between
+        // messages, a clean close.
+        rustix::io::write(a.sock.fd(), &Header::new(Kind::Ping).encode()[..10]).unwrap();
+        drop(a);
+        let e = b.recv_head(&Limits::default()).unwrap_err().to_string();
+        assert!(e.contains("closed the connection in the middle"), "{e}");
+        let (a, mut b) = vsock_pair();
+        drop(a);
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::Closed)
+        ));
+        // Shutdown wakes the other side with EOF; a send to a vanished
+        // peer fails (EPIPE, no SIGPIPE).
+        let (a, mut b) = vsock_pair();
+        a.shutdown().unwrap();
+        assert!(matches!(
+            b.recv_head(&Limits::default()),
+            Err(RecvError::Closed)
+        ));
+        drop(a);
+        assert!(b.send(&Header::new(Kind::Ping), &[], &[]).is_err());
     }
 }

@@ -136,6 +136,9 @@ fn bare(ep: &Endpoint, bind: Option<IpAddr>) -> Result<Held, CmdError> {
             }
         }
         Endpoint::Inproc(_) => return Err("hold needs an agent in another process".into()),
+        Endpoint::Vsock { .. } => {
+            return Err("--no-hello holds unix, shm, tcp and tls connections, not vsock".into())
+        }
     })
 }
 

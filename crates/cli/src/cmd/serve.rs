@@ -17,7 +17,8 @@ pub struct Args {
     #[arg(long = "model", value_name = "NAME=PATH[;KEY=VALUE...]")]
     models: Vec<String>,
     /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0],
-    /// shm://name, grpc://host:port for the KServe v2 gRPC front door, or
+    /// shm://name, vsock://-1:PORT (any CID of this VM or host),
+    /// grpc://host:port for the KServe v2 gRPC front door, or
     /// http://host:port for the KServe v2 HTTP/REST front door (repeatable;
     /// added to the config file's `listen` list, which takes the same URIs).
     #[arg(long = "listen", value_name = "URI")]
@@ -110,7 +111,8 @@ pub struct Args {
     socket_group: Option<String>,
     /// Allow tcp://, grpc:// and http:// listeners on addresses other than
     /// loopback: tokens and tensors cross the network in clear text. TLS
-    /// listeners (tls://, grpcs://, https://) need no leave.
+    /// listeners (tls://, grpcs://, https://) need no leave, nor vsock://
+    /// (between a VM and its host: it crosses no network).
     #[arg(long)]
     insecure: bool,
     /// The agent's TLS certificate chain (PEM), for tls://, grpcs:// and

@@ -58,6 +58,9 @@ pub struct Identity {
     pub creds: Option<Credentials>,
     /// A tcp peer's source address.
     pub addr: Option<IpAddr>,
+    /// A vsock peer's CID and port (no `SO_PEERCRED` there: such a peer
+    /// is matched by its token, else it is `default`).
+    pub vsock: Option<transport::vsock::VsockAddr>,
     /// The agent's own process (in-process callers): never checked.
     pub in_process: bool,
     /// The DNS names of a TLS client's verified certificate (mutual TLS).
@@ -69,6 +72,7 @@ impl Identity {
     pub const IN_PROCESS: Identity = Identity {
         creds: None,
         addr: None,
+        vsock: None,
         in_process: true,
         cert_names: None,
     };
@@ -77,21 +81,24 @@ impl Identity {
     pub const REMOTE: Identity = Identity {
         creds: None,
         addr: None,
+        vsock: None,
         in_process: false,
         cert_names: None,
     };
 
-    /// For log lines: `uid 1000 (pid 42)`, `address 10.0.0.1`, `in-process`.
+    /// For log lines: `uid 1000 (pid 42)`, `address 10.0.0.1`, `vsock
+    /// CID 3 port 1024`, `in-process`.
     pub fn describe(&self) -> String {
         let cert = match self.cert_names.as_deref() {
             Some([first, ..]) => format!(" (certificate {first})"),
             _ => String::new(),
         };
-        match (self.creds, self.addr, self.in_process) {
-            (_, _, true) => "in-process".into(),
-            (Some(c), _, _) => format!("uid {} gid {} (pid {})", c.uid, c.gid, c.pid),
-            (None, Some(a), _) => format!("address {a}{cert}"),
-            (None, None, false) => format!("a remote peer{cert}"),
+        match (self.creds, self.addr, self.vsock, self.in_process) {
+            (_, _, _, true) => "in-process".into(),
+            (Some(c), _, _, _) => format!("uid {} gid {} (pid {})", c.uid, c.gid, c.pid),
+            (None, Some(a), _, _) => format!("address {a}{cert}"),
+            (None, None, Some(v), _) => format!("vsock CID {} port {}", v.cid, v.port),
+            (None, None, None, false) => format!("a remote peer{cert}"),
         }
     }
 }
@@ -833,6 +840,15 @@ mod tests {
         assert_eq!(name(creds(2, 5), None).unwrap(), "b");
         assert_eq!(name(creds(2, 6), None).unwrap(), "default");
         assert_eq!(name(Identity::REMOTE, None).unwrap(), "default");
+        // A vsock peer has no uid: its token, else default, like tcp's.
+        let guest = Identity {
+            vsock: Some(transport::vsock::VsockAddr { cid: 3, port: 1024 }),
+            ..Identity::REMOTE
+        };
+        assert_eq!(name(guest.clone(), Some("ta")).unwrap(), "a");
+        assert_eq!(name(guest.clone(), None).unwrap(), "default");
+        let (_, msg) = name(guest, Some("wrong")).unwrap_err();
+        assert!(msg.contains("vsock CID 3 port 1024"), "{msg}");
         // A token no tenant lists is refused, even for a known uid.
         let (status, msg) = name(creds(1, 5), Some("wrong")).unwrap_err();
         assert_eq!(status, Status::PermissionDenied);
