@@ -52,6 +52,7 @@ fn torture_quick_is_clean() {
             "slowloris",
             "idle connections",
             "connect churn",
+            "payload budget",
         ] {
             let row = has(name, t);
             assert!(row["tried"].as_u64().unwrap_or(0) > 0, "{row}");

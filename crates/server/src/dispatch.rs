@@ -49,6 +49,11 @@ const POOL_BYTES: usize = 512 << 20;
 /// Most large payload buffers the agent keeps for reuse.
 const POOL_BUFS: usize = 32;
 
+/// How much of the payload budget a request read from a socket takes at a
+/// time ([`AgentCore::prepare_streamed`]): its first step when it is
+/// admitted, each next one before its bytes are read.
+pub const RESERVE_STEP: u64 = 1 << 20;
+
 /// A message to send back: header, descriptor section (or control body),
 /// and, for responses, the outputs whose bytes form the payload.
 #[derive(Debug)]
@@ -111,6 +116,29 @@ pub struct Prepared<'a> {
 }
 
 impl<'a> Prepared<'a> {
+    /// Extends the request's share of the payload budget to its first
+    /// `end` payload bytes (a request from
+    /// [`AgentCore::prepare_streamed`], before it reads them). False when
+    /// the budget has no room left: the caller skips the rest of the
+    /// payload and refuses the request ([`AgentCore::over_budget`]).
+    pub fn reserve_through(&self, end: u64) -> bool {
+        let held = &self._in_flight.reserved;
+        let have = held.load(Ordering::Relaxed);
+        if end <= have {
+            return true;
+        }
+        let more = end - have;
+        let took = self._in_flight.core.payload_budget.fetch_update(
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            |left| left.checked_sub(more),
+        );
+        if took.is_ok() {
+            held.fetch_add(more, Ordering::Relaxed);
+        }
+        took.is_ok()
+    }
+
     /// The request's tenant (none without a tenants file, or in-process).
     pub fn tenant(&self) -> Option<&Arc<Tenant>> {
         self.ticket.as_ref().map(|t| &t.tenant)
@@ -137,7 +165,7 @@ impl<'a> Prepared<'a> {
 struct InFlight<'a> {
     core: &'a AgentCore,
     /// Payload budget bytes held.
-    reserved: u64,
+    reserved: AtomicU64,
     /// The model, for its statistics (a second handle to `Prepared::model`:
     /// the guard records into it when dropped).
     model: Arc<ModelEntry>,
@@ -155,9 +183,9 @@ impl Drop for InFlight<'_> {
         }
         stats.finished();
         let core = self.core;
-        if self.reserved > 0 {
-            core.payload_budget
-                .fetch_add(self.reserved, Ordering::AcqRel);
+        let reserved = *self.reserved.get_mut();
+        if reserved > 0 {
+            core.payload_budget.fetch_add(reserved, Ordering::AcqRel);
         }
         if core.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
             && core.closing.load(Ordering::Acquire)
@@ -476,6 +504,19 @@ impl AgentCore {
         }
     }
 
+    /// The refusal of request `id` (a `len`-byte payload) for want of
+    /// payload budget.
+    pub fn over_budget(&self, id: u64, len: u64) -> Reply {
+        Reply::error(
+            id,
+            Status::LimitExceeded,
+            &format!(
+                "the agent is holding its maximum of request payload bytes in flight; \
+                 a {len}-byte request cannot be taken now (retry later)"
+            ),
+        )
+    }
+
     /// Checks a request before its payload is read: shutdown, model id,
     /// descriptors, and the tensors against the model's signature. (Counted
     /// in the model's statistics as [`Via::Other`], untimed: transports use
@@ -517,6 +558,45 @@ impl AgentCore {
         grant: &Grant,
         placement: Placement,
         tl: &Timeline,
+    ) -> Result<Prepared<'_>, Reply> {
+        let want = match placement {
+            Placement::Payload => h.payload_len,
+            Placement::Region { .. } => 0,
+        };
+        self.prepare_reserving(via, h, desc, grant, placement, tl, want)
+    }
+
+    /// [`prepare_via`](AgentCore::prepare_via) for a payload still to be
+    /// read from a socket: it takes only its first [`RESERVE_STEP`] bytes
+    /// of the agent-wide payload budget now, and the rest as it arrives
+    /// ([`Prepared::reserve_through`]). So the budget counts bytes the
+    /// agent holds, not bytes a peer declared: connections that declare
+    /// large payloads and stall cannot take the whole budget from everyone
+    /// else with a few bytes each.
+    pub fn prepare_streamed(
+        &self,
+        via: Via,
+        h: &Header,
+        desc: &[u8],
+        grant: &Grant,
+        tl: &Timeline,
+    ) -> Result<Prepared<'_>, Reply> {
+        let want = h.payload_len.min(RESERVE_STEP);
+        self.prepare_reserving(via, h, desc, grant, Placement::Payload, tl, want)
+    }
+
+    /// The body of the `prepare` family: checks, then takes `want` bytes
+    /// of the payload budget.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_reserving(
+        &self,
+        via: Via,
+        h: &Header,
+        desc: &[u8],
+        grant: &Grant,
+        placement: Placement,
+        tl: &Timeline,
+        want: u64,
     ) -> Result<Prepared<'_>, Reply> {
         let id = h.request_id;
         let limits = &grant.limits;
@@ -576,13 +656,10 @@ impl AgentCore {
             .backend
             .check_inputs(&metas)
             .map_err(|e| refuse(Reply::error(id, Status::InvalidInput, &e.to_string())))?;
-        // Reserve the payload's bytes before any are read: memory held by
-        // requests is bounded agent-wide, not only per connection.
-        let want = match placement {
-            Placement::Payload => h.payload_len,
-            Placement::Region { .. } => 0,
-        };
-        // (Nothing to reserve over shared memory: skip the atomic.)
+        // Reserve the payload's bytes (or their first step) before any are
+        // read: memory held by requests is bounded agent-wide, not only per
+        // connection. (Nothing to reserve over shared memory: skip the
+        // atomic.)
         let reserved = if want == 0 {
             Ok(0)
         } else {
@@ -592,14 +669,7 @@ impl AgentCore {
                 })
         };
         if reserved.is_err() {
-            return Err(refuse(Reply::error(
-                id,
-                Status::LimitExceeded,
-                &format!(
-                    "the agent is holding its maximum of request payload bytes in flight; \
-                     a {want}-byte request cannot be taken now (retry later)"
-                ),
-            )));
+            return Err(refuse(self.over_budget(id, h.payload_len)));
         }
         // Counted in flight before the second look at `closing` below;
         // `close_and_drain` sets `closing` before it reads the count. With
@@ -617,7 +687,7 @@ impl AgentCore {
             ticket,
             _in_flight: InFlight {
                 core: self,
-                reserved: want,
+                reserved: AtomicU64::new(want),
                 model,
                 arrived,
                 answered: AtomicBool::new(false),
@@ -893,6 +963,42 @@ mod tests {
         h.desc_len = desc.len() as u32;
         h.payload_len = len;
         (h, desc)
+    }
+
+    #[test]
+    fn a_streamed_payload_takes_the_budget_as_it_arrives() {
+        let step = RESERVE_STEP;
+        let core = AgentCore::new(ModelRegistry::with_identity(), Limits::default(), 3 * step);
+        let grant = Grant::open(core.limits);
+        let tl = Timeline::default();
+        let (big, bd) = request(10 * step);
+        // Declared 10 steps against a 3-step budget: admitted on its first.
+        let a = core
+            .prepare_streamed(Via::Other, &big, &bd, &grant, &tl)
+            .expect("its first step fits");
+        let b = core
+            .prepare_streamed(Via::Other, &big, &bd, &grant, &tl)
+            .expect("so does another's");
+        // Declared sizes no longer starve a small request.
+        let (small, sd) = request(100);
+        drop(
+            core.prepare(&small, &sd, &core.limits)
+                .expect("room is left"),
+        );
+        assert!(a.reserve_through(2 * step), "the third step fits");
+        assert!(!a.reserve_through(3 * step), "a fourth does not");
+        assert!(a.reserve_through(step), "what it holds is held");
+        drop((a, b));
+        let whole = core
+            .prepare(&small, &sd, &core.limits)
+            .expect("everything given back");
+        assert!(whole.reserve_through(100));
+        drop(whole);
+        assert_eq!(
+            core.payload_budget.load(Ordering::Relaxed),
+            3 * step,
+            "the budget is whole again"
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! skipped and the session goes on.
 
 use crate::conns::{Phase, Slot};
-use crate::dispatch::{AgentCore, Grant, Reply};
+use crate::dispatch::{AgentCore, Grant, Reply, RESERVE_STEP};
 use crate::reactor::{Step, Task};
 use crate::stats::Via;
 use crate::tenants::{CpuMeter, Identity};
@@ -28,7 +28,7 @@ use engine::TensorView;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use transport::{RecvError, StreamConn};
-use wire::{Kind, Placement, Stage, Status};
+use wire::{Kind, Stage, Status};
 
 /// One socket connection's state between its turns on a worker.
 pub struct SocketSession {
@@ -141,7 +141,7 @@ impl SocketSession {
         let conn = &mut self.conn;
         let mut tl = core.timeline(h);
         tl.stamp(Stage::Received);
-        let prep = match core.prepare_via(self.via, h, desc, grant, Placement::Payload, &tl) {
+        let prep = match core.prepare_streamed(self.via, h, desc, grant, &tl) {
             Ok(p) => p,
             Err(reply) => {
                 return conn.skip_payload(h.payload_len).is_ok() && send(conn, &reply, &[])
@@ -158,8 +158,21 @@ impl SocketSession {
                 return conn.skip_payload(h.payload_len).is_ok() && send(conn, &core.fail(r), &[]);
             }
         };
-        if conn.recv_payload(&mut buf).is_err() {
-            return false;
+        // The payload comes a budget step at a time: each step's bytes are
+        // taken from the agent-wide budget before they are read.
+        let len = buf.len();
+        let mut at = 0;
+        while at < len {
+            let end = (at + RESERVE_STEP as usize).min(len);
+            if !prep.reserve_through(end as u64) {
+                drop(prep);
+                let r = core.fail(core.over_budget(h.request_id, h.payload_len));
+                return conn.skip_payload((len - at) as u64).is_ok() && send(conn, &r, &[]);
+            }
+            if conn.recv_payload(&mut buf[at..end]).is_err() {
+                return false;
+            }
+            at = end;
         }
         tl.stamp(Stage::PayloadInPlace);
         let views = prep.views(&buf);

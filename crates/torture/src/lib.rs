@@ -200,6 +200,9 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
         );
     }
     drop(agent);
+    for t in cfg.transports.iter().filter(|t| *t != "shm") {
+        push(scenarios::payload_budget(cfg, t)?, &mut rows);
+    }
     for r in scenarios::agent_faults(cfg)? {
         push(r, &mut rows);
     }

@@ -234,11 +234,12 @@ pub fn hostile_bytes(
 ) -> Result<ScenarioResult, TortureError> {
     let uri = agent.uri(transport).to_string();
     let total = cfg.messages;
+    let identity = identity_id(&uri)?;
     scenario(agent, cfg, "hostile bytes", transport, move |_| {
-        // Model 1 is the agent's first model (identity): corruptions of a
-        // request to it reach the descriptor checks, not just the lookup.
-        let mut fixed: Vec<Attack> = hostile::corruptions(7, 1);
-        fixed.extend(hostile::truncations(7, 1));
+        // Corruptions of a request to identity (which takes any tensors)
+        // reach the descriptor checks, not just the model lookup.
+        let mut fixed: Vec<Attack> = hostile::corruptions(7, identity);
+        fixed.extend(hostile::truncations(7, identity));
         let counts: [AtomicU64; 4] = Default::default();
         let hung_names = std::sync::Mutex::new(Vec::<String>::new());
         let next = AtomicU64::new(0);
@@ -255,7 +256,10 @@ pub fn hostile_bytes(
                         }
                         let (attack, hello) = match fixed.get(i as usize) {
                             Some(a) => (a.clone(), true),
-                            None => (hostile::random_message(&mut rng, 1), rng.u8(..) >= 32),
+                            None => (
+                                hostile::random_message(&mut rng, identity),
+                                rng.u8(..) >= 32,
+                            ),
                         };
                         let o = attack_once(uri, hello, &attack.bytes);
                         counts[o as usize].fetch_add(1, Ordering::Relaxed);
@@ -300,8 +304,9 @@ pub fn slowloris(
 ) -> Result<ScenarioResult, TortureError> {
     let uri = agent.uri(transport).to_string();
     let (n, dur) = (cfg.slow_senders, cfg.attack);
+    let identity = identity_id(&uri)?;
     scenario(agent, cfg, "slowloris", transport, move |_| {
-        let (req, _) = hostile::valid_request(9, 1);
+        let (req, _) = hostile::valid_request(9, identity);
         let mut socks: Vec<Option<Sock>> = (0..n)
             .map(|_| {
                 let mut s = Sock::connect(&uri).ok()?;
@@ -668,4 +673,123 @@ fn fault_row(
         seconds: took.as_secs_f64(),
         notes: vec![format!("{what} after {:.0} ms", took.as_secs_f64() * 1e3)],
     }
+}
+
+/// The payload budget the [`payload_budget`] scenario gives its agent.
+pub const BUDGET: u64 = 64 << 20;
+
+/// Many concurrent large declared payloads, on a fresh agent with a
+/// [`BUDGET`] of request payload bytes in flight (`--max-total-payload`,
+/// and the same largest request, `--max-payload`):
+/// 16 connections per transport each declare a 16 MiB request (4× the
+/// budget together), send its first 64 KiB and stall. The agent's memory
+/// must stay within the budget (peak RSS over the baseline, sampled every
+/// 20 ms), the requests over it must be refused at once (`limit-exceeded`),
+/// and the well-behaved client beside them must still be served.
+pub fn payload_budget(cfg: &Config, transport: &str) -> Result<ScenarioResult, TortureError> {
+    let budget = BUDGET.to_string();
+    let mut agent = AgentUnderTest::start(
+        &cfg.exe,
+        &cfg.digits,
+        &[
+            "--max-total-payload",
+            budget.as_str(),
+            "--max-payload",
+            budget.as_str(),
+        ],
+    )?;
+    let uri = agent.uri(transport).to_string();
+    let hold = cfg.attack;
+    let identity = identity_id(&uri)?;
+    let pid = agent.pid();
+    scenario(&mut agent, cfg, "payload budget", transport, move |_| {
+        const EACH: u64 = 16 << 20;
+        let rss0 = crate::agent::rss_kib(pid);
+        let mut h = Header::new(Kind::Request);
+        let desc = {
+            let mut d = Vec::new();
+            wire::encode_tensor_section(
+                &[wire::TensorDesc {
+                    dtype: wire::DType::U8,
+                    shape: vec![EACH],
+                    offset: 0,
+                    len: EACH,
+                }],
+                None,
+                &mut d,
+            );
+            d
+        };
+        h.model_id = identity;
+        h.tensor_count = 1;
+        h.desc_len = desc.len() as u32;
+        h.payload_len = EACH;
+        let mut socks = Vec::new();
+        for i in 0..16u64 {
+            let Ok(mut s) = Sock::connect(&uri) else {
+                continue;
+            };
+            if s.hello().is_err() {
+                continue;
+            }
+            h.request_id = 100 + i;
+            let mut b = h.encode().to_vec();
+            b.extend_from_slice(&desc);
+            b.resize(b.len() + (64 << 10), 0x5a);
+            if s.write_all(&b).is_ok() {
+                socks.push(s);
+            }
+        }
+        // Hold them, sampling the agent's memory; then read what came back:
+        // the refusals of the requests over budget.
+        let mut peak = rss0;
+        let end = Instant::now() + hold;
+        while Instant::now() < end {
+            peak = peak.max(crate::agent::rss_kib(pid));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut refused = 0;
+        let mut other = Vec::new();
+        for s in &mut socks {
+            let _ = s.set_timeout(Some(Duration::from_millis(50)));
+            let mut head = [0u8; HEADER_LEN];
+            match s.read_exact(&mut head) {
+                Ok(()) => match Header::decode(&head) {
+                    Ok(r) if r.kind == Kind::Error && r.status == wire::Status::LimitExceeded => {
+                        refused += 1
+                    }
+                    Ok(r) => other.push(format!("{:?} {:?}", r.kind, r.status)),
+                    Err(e) => other.push(e.to_string()),
+                },
+                Err(e) => other.push(e.kind().to_string()),
+            }
+        }
+        other.sort();
+        other.dedup();
+        let grew_kib = peak.saturating_sub(rss0);
+        let over = grew_kib > (BUDGET >> 10) + (32 << 10);
+        let held = socks.len();
+        drop(socks);
+        Tried {
+            count: 16,
+            defects: u64::from(over),
+            notes: vec![format!(
+                "{held} declared 16 MiB each against a {} MiB budget: {refused} refused (limit-exceeded), the others: {}; agent RSS peak +{} MiB{}",
+                BUDGET >> 20,
+                other.join(", "),
+                grew_kib >> 10,
+                if over { " — OVER the budget" } else { "" }
+            )],
+        }
+    })
+}
+
+/// The id of the agent's `identity` model (it takes any tensors, so a
+/// hostile request to it reaches every check of the descriptors).
+fn identity_id(uri: &str) -> Result<u32, TortureError> {
+    let c = client::Client::connect(uri).map_err(|e| TortureError(format!("{uri}: {e}")))?;
+    let m = c
+        .model("identity")
+        .map_err(|e| TortureError(format!("{uri}: identity: {e}")))?;
+    Ok(m.id())
 }
