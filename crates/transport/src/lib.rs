@@ -18,6 +18,7 @@ mod endpoint;
 mod error;
 pub mod inproc;
 mod listener;
+pub mod mover;
 mod peer;
 pub mod shm;
 pub mod spin;
