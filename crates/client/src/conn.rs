@@ -171,6 +171,10 @@ pub struct Response {
     /// `CLOCK_MONOTONIC` ns when the response was complete (0 unless
     /// timed).
     pub client_done_ns: u64,
+    /// Over `shm://`: the data mover that put the request's largest input
+    /// into the arena (`Zero` when it already lay there); `None` on other
+    /// transports. Part of the request's timeline record.
+    pub input_mover: Option<transport::mover::Mover>,
 }
 
 /// A model as listed by the agent.
@@ -280,6 +284,8 @@ struct Sent {
     /// Shared memory: the arena allocations the request reads, held until
     /// its response has come (outputs that alias them hold them longer).
     pins: Vec<Arc<Allocation>>,
+    /// Shared memory: the mover of the largest input.
+    mover: Option<transport::mover::Mover>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -322,6 +328,7 @@ impl Client {
                     opts.token.as_deref().map(str::as_bytes),
                     1,
                     opts.connect_timeout,
+                    transport::mover_param(uri),
                 )?;
                 shm_limits = Some(limits);
                 Link::Shm(Box::new(link))
@@ -500,6 +507,17 @@ impl Client {
         }
     }
 
+    /// Input tensors (and their bytes) per data mover on a `shm://`
+    /// session: `zero` for inputs sent where they lay in the arena, the
+    /// others for inputs moved in (`shm://name?mover=...`; all zero on
+    /// other transports, where the kernel moves the bytes).
+    pub fn mover_stats(&self) -> transport::mover::MoverStats {
+        match &self.inner.link {
+            Link::Shm(s) => s.mover_stats(),
+            _ => transport::mover::MoverStats::default(),
+        }
+    }
+
     /// The arena's regions and the client region's free space, on a
     /// `shm://` session (`None` on other transports).
     pub fn shm_info(&self) -> Option<ShmInfo> {
@@ -637,9 +655,11 @@ impl Model {
                 limits.max_desc_len
             )));
         }
+        let mut mover = None;
         let (descs, pins) = match shm {
             Some(s) => {
                 let placed = s.place_inputs(inputs)?;
+                mover = Some(placed.mover);
                 if placed.copied > 0 {
                     inner
                         .stats
@@ -689,6 +709,7 @@ impl Model {
             start_ns,
             sent_ns,
             pins,
+            mover,
         })
     }
 }
@@ -742,6 +763,7 @@ impl Inner {
         let mut r = self.response_from(sent.id, frame, &sent.pins)?;
         r.client_start_ns = sent.start_ns;
         r.client_sent_ns = sent.sent_ns;
+        r.input_mover = sent.mover;
         r.client_received_ns = received_ns;
         r.client_done_ns = stamp_if(sent.timed);
         Ok(r)
@@ -1022,6 +1044,7 @@ impl Inner {
             client_sent_ns: 0,
             client_received_ns: 0,
             client_done_ns: 0,
+            input_mover: None,
         })
     }
 }
@@ -1101,6 +1124,7 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
         client_sent_ns: 0,
         client_received_ns: 0,
         client_done_ns: 0,
+        input_mover: None,
     })
 }
 

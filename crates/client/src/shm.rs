@@ -32,6 +32,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+use transport::mover::{Inflight, Mover, MoverChoice, MoverCounters};
 use transport::shm::{Arena, Layout, ShmChannel, ShmError, WaitPolicy};
 use wire::{
     decode_tensor_section_in, Header, Kind, Limits, Placement, TensorDesc, Timeline, PAYLOAD_ALIGN,
@@ -362,6 +363,26 @@ impl Drop for ResponseRegion {
 // ---------------------------------------------------------------------------
 // The link
 
+/// Copies `src` into the arena slot `dst` with the mover `choice` picks
+/// for it (the policy's, for `auto`); returns the mover used. An
+/// in-process copy cannot be a kernel pull (that is the agent's), so
+/// `kernel` here is `process_vm_readv` from this process itself, and a
+/// failure of it (a sandbox that forbids the call) falls back to memcpy.
+fn copy_in(choice: MoverChoice, dst: &mut [u8], src: &[u8]) -> Mover {
+    let inflight = Inflight::enter();
+    let m = match choice.pick(src.len(), inflight.concurrency()) {
+        Mover::Zero => Mover::Memcpy,
+        m => m,
+    };
+    match transport::mover::copy(m, dst, src) {
+        Ok(()) => m,
+        Err(_) => {
+            dst.copy_from_slice(src);
+            Mover::Memcpy
+        }
+    }
+}
+
 /// Inputs placed in the client region for one request.
 pub(crate) struct Placed {
     /// One descriptor per input, offsets relative to the data area.
@@ -370,6 +391,9 @@ pub(crate) struct Placed {
     pub pins: Vec<Arc<Allocation>>,
     /// Bytes copied into the arena (inputs not already in it).
     pub copied: u64,
+    /// The mover of the request's largest input (`Zero`: every input was
+    /// already in the arena, or there were none).
+    pub mover: Mover,
 }
 
 struct Shared {
@@ -403,6 +427,10 @@ pub(crate) struct ShmLink {
     filed: AtomicU64,
     cv: Condvar,
     uri: String,
+    /// How inputs not already in the arena are moved in (`?mover=`).
+    mover: MoverChoice,
+    /// Bytes and tensors per mover (`Zero`: sent where they lay).
+    movers: MoverCounters,
 }
 
 impl ShmLink {
@@ -414,6 +442,7 @@ impl ShmLink {
         token: Option<&[u8]>,
         request_id: u64,
         timeout: Duration,
+        mover: MoverChoice,
     ) -> Result<(ShmLink, Limits), ClientError> {
         let (ch, limits) =
             ShmChannel::connect(path, asked, token, request_id, timeout).map_err(|e| match e {
@@ -464,6 +493,8 @@ impl ShmLink {
                 filed: AtomicU64::new(0),
                 cv: Condvar::new(),
                 uri: uri.to_string(),
+                mover,
+                movers: MoverCounters::default(),
             },
             limits,
         ))
@@ -472,6 +503,11 @@ impl ShmLink {
     /// The arena's layout.
     pub(crate) fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Bytes and tensors moved into the arena per mover.
+    pub(crate) fn mover_stats(&self) -> transport::mover::MoverStats {
+        self.movers.snapshot()
     }
 
     /// The client-region allocator.
@@ -488,25 +524,40 @@ impl ShmLink {
             descs: Vec::with_capacity(inputs.len()),
             pins: Vec::with_capacity(inputs.len()),
             copied: 0,
+            mover: Mover::Zero,
         };
+        let mut largest = 0usize;
         let mut taken: Vec<(usize, usize)> = Vec::with_capacity(inputs.len());
         for t in inputs {
             let len = t.data.len();
             let in_place = self.alloc.find(t.data).filter(|&(_, off)| {
                 off.is_multiple_of(ALIGN) && !taken.iter().any(|&r| conflicts(r, (off, off + len)))
             });
-            let (off, pin) = match in_place {
-                Some((a, off)) => (off, a),
+            let (off, pin, mover) = match in_place {
+                Some((a, off)) => (off, a, Mover::Zero),
                 None => {
+                    if self.mover == MoverChoice::Fixed(Mover::Zero) {
+                        return Err(ClientError::InvalidInput(format!(
+                            "mover=zero: input {} ({len} bytes) is not in the arena; \
+                             make it with Client::alloc_tensor",
+                            placed.descs.len()
+                        )));
+                    }
                     let a = self.alloc.alloc(len).map_err(NoSpace::into_error)?;
                     // SAFETY: a fresh allocation that only this function
                     // holds; the source cannot overlap it (it is either
                     // outside the arena or in another allocation).
-                    unsafe { a.bytes_mut()[..len].copy_from_slice(t.data) };
+                    let dst = unsafe { &mut a.bytes_mut()[..len] };
+                    let m = copy_in(self.mover, dst, t.data);
                     placed.copied += len as u64;
-                    (a.offset(), a)
+                    (a.offset(), a, m)
                 }
             };
+            self.movers.add(mover, len as u64);
+            if len >= largest {
+                largest = len;
+                placed.mover = mover;
+            }
             taken.push((off, off + len));
             placed.descs.push(TensorDesc {
                 dtype: t.dtype,

@@ -455,6 +455,10 @@ pub struct AgentConfig {
     /// `https://` front doors (TOML `[tls]`, `serve --tls-cert --tls-key
     /// --tls-client-ca`).
     pub tls: Option<ServerTlsFiles>,
+    /// How the agent moves tensor bytes it must copy ([`crate::movers`];
+    /// `serve --mover`): `auto` asks the mover policy (`tensorwire
+    /// calibrate`), or one fixed mover. Per process.
+    pub mover: transport::mover::MoverChoice,
 }
 
 impl Default for AgentConfig {
@@ -485,6 +489,7 @@ impl Default for AgentConfig {
             socket_group: None,
             insecure: false,
             tls: None,
+            mover: transport::mover::MoverChoice::Auto,
         }
     }
 }

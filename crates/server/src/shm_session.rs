@@ -540,7 +540,7 @@ impl<'a> Session<'a> {
                         // leave the agent's region alone; if it does not,
                         // it only garbles its own outputs).
                         let dst = unsafe { self.arena.bytes_mut(start..start + len as usize) };
-                        dst.copy_from_slice(o.bytes(views));
+                        crate::movers().move_bytes(dst, o.bytes(views));
                         copied += len;
                     }
                     off

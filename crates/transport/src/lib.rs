@@ -25,7 +25,7 @@ pub mod spin;
 mod stream;
 pub mod tls;
 
-pub use endpoint::Endpoint;
+pub use endpoint::{mover_param, Endpoint};
 pub use error::{RecvError, TransportError};
 pub use listener::{connect, remove_stale_unix_socket, Listener, ListenerWaker};
 pub use peer::{Credentials, PeerId};

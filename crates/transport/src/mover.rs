@@ -404,6 +404,67 @@ impl MoverCounters {
     }
 }
 
+/// A mover choice with its counters: what a side of a session moves tensor
+/// bytes with ([`Movers::move_bytes`]) and what it has moved.
+#[derive(Debug, Default)]
+pub struct Movers {
+    /// [`MoverChoice`] as a code: 0 auto, 1 + [`Mover::index`] fixed.
+    choice: std::sync::atomic::AtomicU8,
+    counters: MoverCounters,
+}
+
+impl Movers {
+    /// Sets the choice for the copies that follow.
+    pub fn set_choice(&self, c: MoverChoice) {
+        let code = match c {
+            MoverChoice::Auto => 0,
+            MoverChoice::Fixed(m) => 1 + m.index() as u8,
+        };
+        self.choice.store(code, Ordering::Relaxed);
+    }
+
+    /// The choice in force.
+    pub fn choice(&self) -> MoverChoice {
+        match self.choice.load(Ordering::Relaxed) {
+            0 => MoverChoice::Auto,
+            c => MoverChoice::Fixed(Mover::ALL[(c as usize - 1).min(3)]),
+        }
+    }
+
+    /// Copies `src` into `dst` with the mover the choice picks for it
+    /// (`auto`: the process policy at this size and the copies running
+    /// now), counts it, and returns the mover used. Both are this
+    /// process's memory, so `zero` (nothing to skip here) is a memcpy, and
+    /// a kernel copy that fails (a sandbox forbidding `process_vm_readv`)
+    /// is redone as a memcpy.
+    pub fn move_bytes(&self, dst: &mut [u8], src: &[u8]) -> Mover {
+        let inflight = Inflight::enter();
+        let m = match self.choice().pick(src.len(), inflight.concurrency()) {
+            Mover::Zero => Mover::Memcpy,
+            m => m,
+        };
+        let m = match copy(m, dst, src) {
+            Ok(()) => m,
+            Err(_) => {
+                dst.copy_from_slice(src);
+                Mover::Memcpy
+            }
+        };
+        self.counters.add(m, src.len() as u64);
+        m
+    }
+
+    /// Counts bytes that needed no move (`Zero`) or were moved elsewhere.
+    pub fn count(&self, m: Mover, bytes: u64) {
+        self.counters.add(m, bytes);
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> MoverStats {
+        self.counters.snapshot()
+    }
+}
+
 /// Copies running at once in this process (the policy's concurrency input).
 static INFLIGHT: AtomicUsize = AtomicUsize::new(0);
 
@@ -610,12 +671,35 @@ pub fn default_policy_path() -> Option<PathBuf> {
     Some(base.join("tensorwire").join("mover-policy.json"))
 }
 
-/// The policy `auto` uses in this process: loaded once from `path` (or
-/// [`default_policy_path`]); a missing or bad file gives the fixed `memcpy`
-/// policy and one warning on stderr naming the file and the problem.
+static POLICY: OnceLock<Policy> = OnceLock::new();
+
+/// The policy `auto` uses in this process, loaded at its first use: the
+/// file [`set_policy_file`] named, else `TENSORWIRE_MOVER_POLICY`, else
+/// the default path of [`default_policy_path`]. A named file that is
+/// missing or bad, or a bad file at the default path, gives the fixed
+/// `memcpy` policy and one warning on stderr naming the file and the
+/// problem; no file at the default path gives `memcpy` silently (this
+/// machine was not calibrated).
 pub fn process_policy() -> &'static Policy {
-    static POLICY: OnceLock<Policy> = OnceLock::new();
-    POLICY.get_or_init(|| load_or_fallback(default_policy_path().as_deref()))
+    POLICY.get_or_init(|| {
+        let named = std::env::var_os("TENSORWIRE_MOVER_POLICY").filter(|p| !p.is_empty());
+        match default_policy_path() {
+            Some(p) if named.is_some() || p.exists() => load_or_fallback(Some(&p)),
+            _ => Policy::fixed(Mover::Memcpy),
+        }
+    })
+}
+
+/// Loads `path` as this process's policy (`--mover-policy FILE`), with the
+/// fallback and warning of [`load_or_fallback`]; false when a policy was
+/// already in use (the first one stays).
+pub fn set_policy_file(path: &Path) -> bool {
+    let mut set = false;
+    POLICY.get_or_init(|| {
+        set = true;
+        load_or_fallback(Some(path))
+    });
+    set
 }
 
 /// Loads `path`, or falls back to fixed `memcpy` with a warning.
