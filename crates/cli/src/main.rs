@@ -31,6 +31,10 @@ enum Command {
     /// with the raw floor, gRPC and ttrpc peers in the same run; write
     /// results, a report and plots.
     Bench(Box<cmd::bench::Args>),
+    /// Measure every data mover × size × concurrency × cache state on this
+    /// machine and write the mover policy `--mover auto` uses; or evaluate
+    /// a policy on cases it was not fitted on.
+    Calibrate(cmd::calibrate::Args),
     /// (internal) Serve the engine over a peer RPC framework for `bench`.
     #[command(hide = true)]
     PeerServe(cmd::peer_serve::Args),
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         Command::Ping(a) => cmd::ping::run(a),
         Command::Classify(a) => cmd::classify::run(a),
         Command::Bench(a) => cmd::bench::run(*a),
+        Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::PeerServe(a) => cmd::peer_serve::run(a),
         Command::Hold(a) => cmd::hold::run(a),
         Command::RawEcho(a) => cmd::ping::run_echo(a),

@@ -573,7 +573,7 @@ impl Model {
 
     /// Runs the model on `inputs` (in signature order) and waits for the outputs.
     pub fn infer(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
-        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline)?;
+        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline, true)?;
         let timeout = self.client.inner.opts.timeout;
         self.client.inner.finish(sent, timeout)
     }
@@ -583,7 +583,7 @@ impl Model {
     /// trace a sample of their requests (each timed request costs about ten
     /// clock reads, client and agent together).
     pub fn infer_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
-        let sent = self.send_request(inputs, true)?;
+        let sent = self.send_request(inputs, true, true)?;
         let timeout = self.client.inner.opts.timeout;
         self.client.inner.finish(sent, timeout)
     }
@@ -595,7 +595,7 @@ impl Model {
     /// held until the response has come; any other input is copied into the
     /// session's arena once.
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
-        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline)?;
+        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline, false)?;
         Ok(Ticket {
             client: self.client.clone(),
             sent,
@@ -604,8 +604,16 @@ impl Model {
     }
 
     /// Checks, places and sends a request, asking for the timeline if
-    /// `timed`.
-    fn send_request(&self, inputs: &[TensorRef<'_>], timed: bool) -> Result<Sent, ClientError> {
+    /// `timed`. `may_pull`: the caller waits for the answer while it
+    /// borrows the inputs (blocking calls), so over shm the agent may pull
+    /// them from where they lie (`mover=kernel`); a submitted request's
+    /// inputs are moved into the arena before it returns.
+    fn send_request(
+        &self,
+        inputs: &[TensorRef<'_>],
+        timed: bool,
+        may_pull: bool,
+    ) -> Result<Sent, ClientError> {
         let inner = &self.client.inner;
         let start_ns = stamp_if(timed);
         let sig = &self.info.signature;
@@ -656,10 +664,12 @@ impl Model {
             )));
         }
         let mut mover = None;
+        let mut pulls = Vec::new();
         let (descs, pins) = match shm {
             Some(s) => {
-                let placed = s.place_inputs(inputs)?;
+                let placed = s.place_inputs(inputs, may_pull)?;
                 mover = Some(placed.mover);
+                pulls = placed.pulls;
                 if placed.copied > 0 {
                     inner
                         .stats
@@ -682,8 +692,21 @@ impl Model {
                 Vec::new(),
             ),
         };
-        let mut desc = Vec::with_capacity(desc_len);
+        let mut desc = Vec::with_capacity(desc_len + 8 * pulls.len());
         encode_tensor_section(&descs, None, &mut desc);
+        if !pulls.is_empty() {
+            // PROTOCOL §14.6, pulled inputs: one source address per tensor.
+            if desc.len() + 8 * pulls.len() > limits.max_desc_len as usize {
+                return Err(ClientError::LimitExceeded(format!(
+                    "descriptor section with pull addresses is {} bytes, the session allows {}",
+                    desc.len() + 8 * pulls.len(),
+                    limits.max_desc_len
+                )));
+            }
+            for a in &pulls {
+                desc.extend_from_slice(&a.to_le_bytes());
+            }
+        }
         let mut h = Header::new(Kind::Request);
         h.request_id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         h.model_id = self.info.id;
@@ -694,6 +717,9 @@ impl Model {
         h.timeout_us = self.timeout_us;
         if timed {
             h.flags |= flags::WANT_TIMELINE;
+        }
+        if !pulls.is_empty() {
+            h.flags |= flags::PULL;
         }
         if shm.is_some() {
             inner.send(&h, &desc, &[])?;

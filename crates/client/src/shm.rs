@@ -32,7 +32,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
-use transport::mover::{Inflight, Mover, MoverChoice, MoverCounters};
+use transport::mover::{Mover, MoverChoice, MoverCounters};
 use transport::shm::{Arena, Layout, ShmChannel, ShmError, WaitPolicy};
 use wire::{
     decode_tensor_section_in, Header, Kind, Limits, Placement, TensorDesc, Timeline, PAYLOAD_ALIGN,
@@ -363,14 +363,13 @@ impl Drop for ResponseRegion {
 // ---------------------------------------------------------------------------
 // The link
 
-/// Copies `src` into the arena slot `dst` with the mover `choice` picks
-/// for it (the policy's, for `auto`); returns the mover used. An
-/// in-process copy cannot be a kernel pull (that is the agent's), so
-/// `kernel` here is `process_vm_readv` from this process itself, and a
-/// failure of it (a sandbox that forbids the call) falls back to memcpy.
-fn copy_in(choice: MoverChoice, dst: &mut [u8], src: &[u8]) -> Mover {
-    let inflight = Inflight::enter();
-    let m = match choice.pick(src.len(), inflight.concurrency()) {
+/// Copies `src` into the arena slot `dst` with the mover `pick`; returns
+/// the mover used. A copy the client makes itself cannot be the agent's
+/// pull, so `kernel` here (a submitted request, or an agent that does not
+/// pull) is `process_vm_readv` from this process itself, and a failure of
+/// it (a sandbox that forbids the call) falls back to memcpy.
+fn copy_in(pick: Mover, dst: &mut [u8], src: &[u8]) -> Mover {
+    let m = match pick {
         Mover::Zero => Mover::Memcpy,
         m => m,
     };
@@ -394,6 +393,10 @@ pub(crate) struct Placed {
     /// The mover of the request's largest input (`Zero`: every input was
     /// already in the arena, or there were none).
     pub mover: Mover,
+    /// When the agent is to pull inputs (`mover=kernel`): each input's
+    /// address in this process (0: in place), for the request's section;
+    /// empty when nothing is pulled.
+    pub pulls: Vec<u64>,
 }
 
 struct Shared {
@@ -431,6 +434,8 @@ pub(crate) struct ShmLink {
     mover: MoverChoice,
     /// Bytes and tensors per mover (`Zero`: sent where they lay).
     movers: MoverCounters,
+    /// The agent pulls inputs named by address (its arena's features).
+    pull: bool,
 }
 
 impl ShmLink {
@@ -468,6 +473,7 @@ impl ShmLink {
             })?;
         let arena = ch.arena().clone();
         let layout = *ch.layout();
+        let pull = Layout::features(&arena) & transport::shm::layout::FEATURE_PULL != 0;
         let alloc = RegionAllocator::new(arena.clone(), layout.data_off, layout.client_len);
         let ch = Arc::new(Mutex::new(ch));
         let releases = Arc::new(ReleaseQueue {
@@ -495,6 +501,7 @@ impl ShmLink {
                 uri: uri.to_string(),
                 mover,
                 movers: MoverCounters::default(),
+                pull,
             },
             limits,
         ))
@@ -519,13 +526,19 @@ impl ShmLink {
     /// lie in a live allocation (64-byte aligned, not overlapping another
     /// input of this request) is described where it is and pinned; any
     /// other is copied into a fresh allocation.
-    pub(crate) fn place_inputs(&self, inputs: &[TensorRef<'_>]) -> Result<Placed, ClientError> {
+    pub(crate) fn place_inputs(
+        &self,
+        inputs: &[TensorRef<'_>],
+        may_pull: bool,
+    ) -> Result<Placed, ClientError> {
         let mut placed = Placed {
             descs: Vec::with_capacity(inputs.len()),
             pins: Vec::with_capacity(inputs.len()),
             copied: 0,
             mover: Mover::Zero,
+            pulls: Vec::new(),
         };
+        let mut addrs: Vec<u64> = Vec::new();
         let mut largest = 0usize;
         let mut taken: Vec<(usize, usize)> = Vec::with_capacity(inputs.len());
         for t in inputs {
@@ -544,13 +557,22 @@ impl ShmLink {
                         )));
                     }
                     let a = self.alloc.alloc(len).map_err(NoSpace::into_error)?;
-                    // SAFETY: a fresh allocation that only this function
-                    // holds; the source cannot overlap it (it is either
-                    // outside the arena or in another allocation).
-                    let dst = unsafe { &mut a.bytes_mut()[..len] };
-                    let m = copy_in(self.mover, dst, t.data);
-                    placed.copied += len as u64;
-                    (a.offset(), a, m)
+                    let decision = self.mover.decide(len);
+                    let pick = decision.mover;
+                    if pick == Mover::Kernel && may_pull && self.pull && len > 0 {
+                        // The agent pulls it into the slot: nothing to do here.
+                        addrs.resize(placed.descs.len(), 0);
+                        addrs.push(t.data.as_ptr() as u64);
+                        (a.offset(), a, Mover::Kernel)
+                    } else {
+                        // SAFETY: a fresh allocation that only this function
+                        // holds; the source cannot overlap it (it is either
+                        // outside the arena or in another allocation).
+                        let dst = unsafe { &mut a.bytes_mut()[..len] };
+                        let m = copy_in(pick, dst, t.data);
+                        placed.copied += len as u64;
+                        (a.offset(), a, m)
+                    }
                 }
             };
             self.movers.add(mover, len as u64);
@@ -566,6 +588,10 @@ impl ShmLink {
                 len: len as u64,
             });
             placed.pins.push(pin);
+        }
+        if !addrs.is_empty() {
+            addrs.resize(placed.descs.len(), 0);
+            placed.pulls = addrs;
         }
         Ok(placed)
     }

@@ -438,8 +438,8 @@ impl Movers {
     /// a kernel copy that fails (a sandbox forbidding `process_vm_readv`)
     /// is redone as a memcpy.
     pub fn move_bytes(&self, dst: &mut [u8], src: &[u8]) -> Mover {
-        let inflight = Inflight::enter();
-        let m = match self.choice().pick(src.len(), inflight.concurrency()) {
+        let d = self.choice().decide(src.len());
+        let m = match d.mover {
             Mover::Zero => Mover::Memcpy,
             m => m,
         };
@@ -533,6 +533,10 @@ pub struct Policy {
     /// The lookup table [cold][concurrency-1][bucket], built on load.
     #[serde(skip)]
     table: Vec<Mover>,
+    /// Sizes below this are memcpy in every case of the table (decided
+    /// without a lookup); built on load.
+    #[serde(skip)]
+    pub memcpy_below: usize,
 }
 
 impl Policy {
@@ -548,6 +552,7 @@ impl Policy {
             cold_from_bytes,
             entries,
             table: Vec::new(),
+            memcpy_below: 0,
         };
         p.build()?;
         Ok(p)
@@ -561,6 +566,7 @@ impl Policy {
             cold_from_bytes: u64::MAX,
             entries: Vec::new(),
             table: vec![m; 2 * MAX_CONC * BUCKETS],
+            memcpy_below: if m == Mover::Memcpy { usize::MAX } else { 0 },
         }
     }
 
@@ -621,6 +627,16 @@ impl Policy {
                 }
             }
         }
+        // The first bucket where any case is not memcpy bounds the sizes
+        // decided without a lookup.
+        let first_other = (0..BUCKETS)
+            .find(|&b| (0..2 * MAX_CONC).any(|row| table[row * BUCKETS + b] != Mover::Memcpy))
+            .unwrap_or(BUCKETS);
+        self.memcpy_below = if first_other >= BUCKETS {
+            usize::MAX
+        } else {
+            1usize << first_other
+        };
         self.table = table;
         Ok(())
     }
@@ -721,15 +737,44 @@ pub fn load_or_fallback(path: Option<&Path>) -> Policy {
     }
 }
 
+/// A mover decided for one copy; while it lives, a copy the policy was
+/// asked about counts in the process's copies at once ([`Inflight`]).
+#[derive(Debug)]
+pub struct Decision {
+    /// The mover to use.
+    pub mover: Mover,
+    _inflight: Option<Inflight>,
+}
+
 impl MoverChoice {
-    /// The mover for one copy of `bytes` that is not already in place,
-    /// `concurrency` copies running at once. `Auto` asks the process policy;
-    /// `Zero` cannot move bytes and is returned as is (the caller refuses).
+    /// The mover for one copy of `bytes` that is not already in place.
+    /// `Fixed`: that mover, at no cost. `Auto`: the process policy's choice
+    /// at this size, cache state guessed from it, and the copies running
+    /// now (this one counted while the [`Decision`] lives); sizes below the
+    /// policy's `memcpy_below` (memcpy in every case it measured) are
+    /// decided by one comparison, without counting them. `Zero` cannot move
+    /// bytes and is returned as is (the caller refuses or skips).
     #[inline]
-    pub fn pick(self, bytes: usize, concurrency: usize) -> Mover {
+    pub fn decide(self, bytes: usize) -> Decision {
         match self {
-            MoverChoice::Fixed(m) => m,
-            MoverChoice::Auto => process_policy().choose(bytes, concurrency, None),
+            MoverChoice::Fixed(mover) => Decision {
+                mover,
+                _inflight: None,
+            },
+            MoverChoice::Auto => {
+                let p = process_policy();
+                if bytes < p.memcpy_below {
+                    return Decision {
+                        mover: Mover::Memcpy,
+                        _inflight: None,
+                    };
+                }
+                let g = Inflight::enter();
+                Decision {
+                    mover: p.choose(bytes, g.concurrency(), None),
+                    _inflight: Some(g),
+                }
+            }
         }
     }
 }
@@ -886,6 +931,9 @@ mod tests {
         assert_eq!(p.choose(1 << 30, 3, Some(false)), Mover::Kernel);
         assert_eq!(p.choose(1, 1, Some(true)), Mover::Kernel);
         assert_eq!(p.choose(1 << 26, 1, None), Mover::Kernel);
+        // Buckets 0..=5 are memcpy everywhere except the cold state, whose
+        // nearest entry for every size is kernel: nothing is memcpy-only.
+        assert_eq!(p.memcpy_below, 1);
 
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("p.json");

@@ -2,6 +2,7 @@
 //! agent, or starting an embedded one when the URI is `inproc://`.
 
 pub mod bench;
+pub mod calibrate;
 pub mod classify;
 pub mod hold;
 pub mod infer;
