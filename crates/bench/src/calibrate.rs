@@ -305,9 +305,9 @@ pub fn table(rows: &[Measured]) -> String {
 
 /// `64 B`, `3 KiB`, `12 MiB`.
 pub fn human(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
-    } else if n >= 1024 && n % 1024 == 0 {
+    } else if n >= 1024 && n.is_multiple_of(1024) {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} B")
@@ -371,8 +371,8 @@ pub fn evaluation_report(ev: &[Evaluated]) -> String {
         if ratio <= 1.05 {
             within += 1;
         }
-        for i in 0..3 {
-            tot[i] += c.ns[i];
+        for (t, ns) in tot.iter_mut().zip(c.ns) {
+            *t += ns;
         }
         tot[3] += e.auto_ns;
         s += &format!(
@@ -406,8 +406,8 @@ pub fn evaluation_report(ev: &[Evaluated]) -> String {
     let mut norm = [0f64; 4];
     for e in ev {
         let oracle = e.case.ns.iter().copied().fold(f64::INFINITY, f64::min);
-        for i in 0..3 {
-            norm[i] += e.case.ns[i] / oracle;
+        for (t, ns) in norm.iter_mut().zip(e.case.ns) {
+            *t += ns / oracle;
         }
         norm[3] += e.auto_ns / oracle;
     }

@@ -855,3 +855,59 @@ impl<'a> Session<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split_pulls;
+    use wire::{encode_tensor_section, flags, DType, Header, Kind, TensorDesc};
+
+    /// The bytes of the pulled-request example of PROTOCOL §14.6.
+    fn doc_example() -> Vec<u8> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/PROTOCOL.md");
+        let doc = std::fs::read_to_string(path).expect("PROTOCOL.md");
+        let at = doc
+            .find("A pulled request for the identity model")
+            .expect("the example");
+        let block = doc[at..].split("```text").nth(1).expect("its block");
+        let block = block.split("```").next().expect("its end");
+        block
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .flat_map(|(_, rest)| {
+                let hex = rest.split('#').next().unwrap_or("");
+                hex.split_whitespace()
+                    .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_pull_example_of_protocol_splits() {
+        let t = TensorDesc {
+            dtype: DType::F32,
+            shape: vec![1, 4],
+            offset: 0,
+            len: 16,
+        };
+        let mut desc = Vec::new();
+        encode_tensor_section(std::slice::from_ref(&t), None, &mut desc);
+        desc.extend_from_slice(&0x7ffc_1234_5640u64.to_le_bytes());
+        let mut h = Header::new(Kind::Request);
+        h.request_id = 9;
+        h.tensor_count = 1;
+        h.desc_len = desc.len() as u32;
+        h.payload_len = 16;
+        h.flags = flags::PULL;
+        let bytes = [&h.encode()[..], &desc].concat();
+        assert_eq!(bytes, doc_example());
+        let got = Header::decode(&bytes[..64]).expect("a sound header");
+        let (plain, section, addrs) = split_pulls(&got, &bytes[64..]).expect("splits");
+        assert_eq!(plain.flags, 0);
+        assert_eq!(plain.desc_len, 40);
+        assert_eq!(section, &desc[..40]);
+        assert_eq!(addrs, vec![0x7ffc_1234_5640]);
+        // Too short for its addresses.
+        assert!(split_pulls(&got, &bytes[64..64 + 4]).is_err());
+    }
+}

@@ -311,7 +311,7 @@ fn the_agent_pulls_inputs_by_address_and_refuses_lies_per_request() {
     );
     // A client that lies about its addresses: an error for that request.
     for bad in [8u64, u64::MAX - 16, 0x7fff_ffff_0000] {
-        let (status, msg) = call_pulled(&mut c, id, &[a.clone()], &[bad]).unwrap_err();
+        let (status, msg) = call_pulled(&mut c, id, std::slice::from_ref(&a), &[bad]).unwrap_err();
         assert_eq!(status, Status::InvalidInput, "{msg}");
         assert!(msg.contains("not readable"), "{msg}");
     }
@@ -319,7 +319,7 @@ fn the_agent_pulls_inputs_by_address_and_refuses_lies_per_request() {
     let (status, _) = call_pulled(&mut c, id, &[a.clone(), b.clone()], &[]).unwrap_err();
     assert_eq!(status, Status::Malformed);
     // The session goes on.
-    let s = call_pulled(&mut c, id, &[a.clone()], &[src.as_ptr() as u64]).unwrap();
+    let s = call_pulled(&mut c, id, std::slice::from_ref(&a), &[src.as_ptr() as u64]).unwrap();
     assert_eq!(s.tensors, vec![a]);
     assert_eq!(c.control(Kind::Ping, Vec::new()).0.kind, Kind::Pong);
 }

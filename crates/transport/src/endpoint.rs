@@ -165,10 +165,9 @@ impl Endpoint {
 pub fn mover_param(uri: &str) -> crate::mover::MoverChoice {
     uri.split_once('?')
         .and_then(|(_, q)| {
-            q.split('&')
+            q.rsplit('&')
                 .filter_map(|p| p.split_once('='))
-                .filter(|(k, _)| *k == "mover")
-                .last()
+                .find(|(k, _)| *k == "mover")
                 .and_then(|(_, v)| v.parse().ok())
         })
         .unwrap_or_default()

@@ -308,8 +308,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
     }
     eprintln!(
-        "tensorwire agent: stopped ({} responses, {} errors; workers moved off a client's CPU {} times)",
-        st.responses, st.errors, st.cpu_moves
+        "tensorwire agent: stopped ({} responses, {} errors; workers moved off a client's CPU {} times; tensors moved: {})",
+        st.responses, st.errors, st.cpu_moves, st.movers
     );
     Ok(())
 }
