@@ -6,8 +6,9 @@
 //!
 //! One case: `concurrency` threads, each copying its own source into its
 //! own destination at the same time (a barrier starts each repetition),
-//! timed per copy; the case's time is the median over repetitions of the
-//! slowest thread's per-copy time. Small copies are timed in batches (the
+//! timed per copy, the movers taking turns within each repetition (so
+//! noise from elsewhere falls on all alike); a mover's time is the median
+//! over repetitions of the slowest thread's per-copy time. Small copies are timed in batches (the
 //! clock costs ~20 ns). *Hot*: the same source and destination every copy
 //! (in cache after the first). *Cold*: every copy at a fresh offset of a
 //! source and a destination area twice the last-level cache, 4 KiB apart,
@@ -86,6 +87,11 @@ pub struct Measured {
     pub ns: [f64; 3],
 }
 
+/// Another mover must beat memcpy by this factor to be chosen over it in
+/// a policy: memcpy is the safe default, and a case won by less is within
+/// the measurement noise.
+pub const MARGIN: f64 = 0.97;
+
 impl Measured {
     /// The fastest mover of the case.
     pub fn best(&self) -> Mover {
@@ -93,6 +99,17 @@ impl Measured {
             .min_by(|&a, &b| self.ns[a].total_cmp(&self.ns[b]))
             .unwrap_or(0);
         MOVERS[i]
+    }
+
+    /// The mover a policy takes for the case: the fastest, unless it beats
+    /// memcpy by less than [`MARGIN`], or it is `nt` below
+    /// [`mover::NT_MIN_BYTES`] (a plain copy there: any difference is noise).
+    pub fn chosen(&self) -> Mover {
+        match self.best() {
+            Mover::NonTemporal if self.size < mover::NT_MIN_BYTES => Mover::Memcpy,
+            m if m != Mover::Memcpy && self.ns[m.index()] > MARGIN * self.ns[0] => Mover::Memcpy,
+            m => m,
+        }
     }
     /// GB/s of `m` over all threads.
     pub fn gbps(&self, i: usize) -> f64 {
@@ -166,7 +183,10 @@ fn rep(b: &mut Bufs, how: How, size: usize, batch: usize, cold: bool, at: &mut u
     t.elapsed().as_nanos() as f64 / batch as f64
 }
 
-/// Measures one (size, concurrency, cache state) for each of `hows`.
+/// Measures one (size, concurrency, cache state) for each of `hows`. The
+/// `hows` take turns within each repetition (in an order rotated every
+/// repetition), so a burst of noise from elsewhere on the machine falls on
+/// all of them alike.
 fn measure_case(
     plan: &Plan,
     size: usize,
@@ -176,56 +196,61 @@ fn measure_case(
     llc: usize,
 ) -> Vec<f64> {
     let area = if cold { (2 * llc).max(size) } else { size };
-    let mut out = Vec::new();
     // Copies per timed batch: at least ~20 µs of work (a guess at 10 GB/s).
     let batch = (200_000 / size.max(1)).clamp(1, 4096);
-    for &how in hows {
-        // Warm-up estimate: one batch.
-        let bufs: Vec<Bufs> = (0..conc)
-            .map(|_| Bufs {
-                src: vec![0x5a; area],
-                dst: vec![0xa5; area],
-            })
-            .collect();
-        let mut probe = Bufs {
-            src: vec![1; size],
-            dst: vec![0; size],
-        };
-        let one = rep(&mut probe, how, size, batch, false, &mut 0).max(1.0);
-        drop(probe);
-        let reps = ((plan.budget_ns as f64 / (one * batch as f64)) as usize)
-            .clamp(plan.reps.0, plan.reps.1);
-        let barrier = Arc::new(Barrier::new(conc));
-        let handles: Vec<_> = bufs
-            .into_iter()
-            .map(|mut b| {
-                let barrier = barrier.clone();
-                std::thread::spawn(move || {
-                    let mut at = 0usize;
-                    let mut v = Vec::with_capacity(reps);
-                    for _ in 0..reps {
+    // How long one round of every `how` takes, from one probe batch each.
+    let mut probe = Bufs {
+        src: vec![1; size],
+        dst: vec![0; size],
+    };
+    let round: f64 = hows
+        .iter()
+        .map(|&how| rep(&mut probe, how, size, batch, false, &mut 0).max(1.0) * batch as f64)
+        .sum();
+    drop(probe);
+    let reps = ((plan.budget_ns as f64 * hows.len() as f64 / round) as usize)
+        .clamp(plan.reps.0, plan.reps.1);
+    let barrier = Arc::new(Barrier::new(conc));
+    let handles: Vec<_> = (0..conc)
+        .map(|_| {
+            let barrier = barrier.clone();
+            let hows = hows.to_vec();
+            std::thread::spawn(move || {
+                let mut b = Bufs {
+                    src: vec![0x5a; area],
+                    dst: vec![0xa5; area],
+                };
+                let mut at = 0usize;
+                // [how][rep]
+                let mut v = vec![Vec::with_capacity(reps); hows.len()];
+                for r in 0..reps {
+                    for k in 0..hows.len() {
+                        let h = (r + k) % hows.len();
                         barrier.wait();
-                        v.push(rep(&mut b, how, size, batch, cold, &mut at));
+                        v[h].push(rep(&mut b, hows[h], size, batch, cold, &mut at));
                     }
-                    v
+                }
+                v
+            })
+        })
+        .collect();
+    let per: Vec<Vec<Vec<f64>>> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_default())
+        .collect();
+    (0..hows.len())
+        .map(|h| {
+            let mut slowest: Vec<f64> = (0..reps)
+                .map(|r| {
+                    per.iter()
+                        .filter_map(|t| t.get(h).and_then(|v| v.get(r)))
+                        .fold(0.0, |a: f64, &b| a.max(b))
                 })
-            })
-            .collect();
-        let per: Vec<Vec<f64>> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_default())
-            .collect();
-        let mut slowest: Vec<f64> = (0..reps)
-            .map(|r| {
-                per.iter()
-                    .filter_map(|v| v.get(r))
-                    .fold(0.0, |a: f64, &b| a.max(b))
-            })
-            .collect();
-        slowest.sort_by(f64::total_cmp);
-        out.push(slowest.get(slowest.len() / 2).copied().unwrap_or(f64::NAN));
-    }
-    out
+                .collect();
+            slowest.sort_by(f64::total_cmp);
+            slowest.get(slowest.len() / 2).copied().unwrap_or(f64::NAN)
+        })
+        .collect()
 }
 
 /// Measures every mover over `plan` (progress on stderr).
@@ -251,7 +276,8 @@ pub fn measure(plan: &Plan) -> Vec<Measured> {
     rows
 }
 
-/// Fits the policy: the fastest measured mover per case, as a table.
+/// Fits the policy: the fastest measured mover per case ([`Measured::chosen`]),
+/// as a table.
 pub fn fit(rows: &[Measured]) -> Result<Policy, String> {
     let entries = rows
         .iter()
@@ -259,7 +285,7 @@ pub fn fit(rows: &[Measured]) -> Result<Policy, String> {
             log2_size: r.size.max(1).ilog2(),
             concurrency: r.concurrency as u32,
             cold: r.cold,
-            mover: r.best(),
+            mover: r.chosen(),
         })
         .collect();
     let machine = format!(
@@ -286,7 +312,7 @@ fn cpu_model() -> String {
 /// The mover table: GB/s per mover × size × concurrency × cache state.
 pub fn table(rows: &[Measured]) -> String {
     let mut s = String::from(
-        "| cache | threads | size | memcpy GB/s | nt GB/s | kernel GB/s | best |\n|---|---:|---:|---:|---:|---:|---|\n",
+        "| cache | threads | size | memcpy GB/s | nt GB/s | kernel GB/s | policy |\n|---|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         s += &format!(
@@ -297,7 +323,7 @@ pub fn table(rows: &[Measured]) -> String {
             r.gbps(0),
             r.gbps(1),
             r.gbps(2),
-            r.best()
+            r.chosen()
         );
     }
     s

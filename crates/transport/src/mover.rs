@@ -161,16 +161,21 @@ pub fn copy(mover: Mover, dst: &mut [u8], src: &[u8]) -> Result<(), MoverError> 
     Ok(())
 }
 
+/// Below this many bytes [`copy_nt`] is a plain copy (streaming stores and
+/// the `sfence` cost more than they save).
+pub const NT_MIN_BYTES: usize = 256;
+
 /// Copies `src` into `dst` with non-temporal stores: AVX2 32-byte streaming
 /// stores when the CPU has AVX2, SSE2 16-byte ones otherwise (every x86_64),
-/// a plain copy elsewhere. The destination's unaligned head and the tail
-/// are copied normally; an `sfence` orders the streaming stores before
-/// anything this thread writes next (a ring mark publishing the data).
+/// a plain copy elsewhere and below [`NT_MIN_BYTES`]. The destination's
+/// unaligned head and the tail are copied normally; an `sfence` orders the
+/// streaming stores before anything this thread writes next (a ring mark
+/// publishing the data).
 pub fn copy_nt(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "mover copy: lengths differ");
     #[cfg(target_arch = "x86_64")]
     {
-        if src.len() >= 256 {
+        if src.len() >= NT_MIN_BYTES {
             if has_avx2() {
                 // SAFETY: AVX2 was detected at run time; both slices are
                 // valid for their (equal) lengths and cannot overlap (one
@@ -496,8 +501,34 @@ impl Drop for Inflight {
 /// The policy file format's version ([`Policy::version`]).
 pub const POLICY_VERSION: u32 = 1;
 
-/// Size buckets: `floor(log2(bytes))`, 0..=63.
+/// Entries' size classes: `log2_size` 0..=63.
 const BUCKETS: usize = 64;
+/// Table columns: half-octave size buckets, `floor(2 · log2(bytes))`, so
+/// that a size between two measured ones (3 MiB between 1 and 4 MiB) goes
+/// to the nearer in log scale.
+const HALF_BUCKETS: usize = 2 * BUCKETS;
+
+/// `floor(2 · log2(bytes))` (bytes 0 counts as 1), from the top 9 bits.
+#[inline]
+fn half_bucket(bytes: usize) -> usize {
+    let b = bytes.max(1);
+    let k = (usize::BITS - 1 - b.leading_zeros()) as usize;
+    let m = if k >= 8 { b >> (k - 8) } else { b << (8 - k) };
+    // m is 256..=511; 256·√2 = 362.04.
+    2 * k + usize::from(m >= 363)
+}
+
+/// The smallest size in half-octave bucket `hb`.
+fn half_bucket_start(hb: usize) -> usize {
+    let k = hb / 2;
+    if hb.is_multiple_of(2) {
+        1usize << k
+    } else if k >= 8 {
+        363usize << (k - 8)
+    } else {
+        (363usize).div_ceil(1 << (8 - k))
+    }
+}
 /// Concurrency levels a policy table holds (1..=MAX_CONC; more is MAX_CONC).
 const MAX_CONC: usize = 8;
 
@@ -565,7 +596,7 @@ impl Policy {
             machine: String::new(),
             cold_from_bytes: u64::MAX,
             entries: Vec::new(),
-            table: vec![m; 2 * MAX_CONC * BUCKETS],
+            table: vec![m; 2 * MAX_CONC * HALF_BUCKETS],
             memcpy_below: if m == Mover::Memcpy { usize::MAX } else { 0 },
         }
     }
@@ -600,7 +631,7 @@ impl Policy {
                 );
             }
         }
-        let mut table = vec![Mover::Memcpy; 2 * MAX_CONC * BUCKETS];
+        let mut table = vec![Mover::Memcpy; 2 * MAX_CONC * HALF_BUCKETS];
         for cold in [false, true] {
             let mut of_state: Vec<&PolicyEntry> =
                 self.entries.iter().filter(|e| e.cold == cold).collect();
@@ -617,25 +648,32 @@ impl Policy {
                     .iter()
                     .filter(|e| e.concurrency == near_c)
                     .collect();
-                for b in 0..BUCKETS {
+                for hb in 0..HALF_BUCKETS {
+                    // Distance in quarter octaves from the bucket's middle
+                    // (log2 = (hb + 0.5) / 2) to the entry's size.
                     let best = row
                         .iter()
-                        .min_by_key(|e| ((e.log2_size as i64 - b as i64).abs(), e.log2_size))
+                        .min_by_key(|e| {
+                            (
+                                (4 * e.log2_size as i64 - 2 * hb as i64 - 1).abs(),
+                                e.log2_size,
+                            )
+                        })
                         .map(|e| e.mover)
                         .unwrap_or(Mover::Memcpy);
-                    table[Self::slot(cold, conc, b)] = best;
+                    table[Self::slot(cold, conc, hb)] = best;
                 }
             }
         }
         // The first bucket where any case is not memcpy bounds the sizes
         // decided without a lookup.
-        let first_other = (0..BUCKETS)
-            .find(|&b| (0..2 * MAX_CONC).any(|row| table[row * BUCKETS + b] != Mover::Memcpy))
-            .unwrap_or(BUCKETS);
-        self.memcpy_below = if first_other >= BUCKETS {
+        let first_other = (0..HALF_BUCKETS)
+            .find(|&b| (0..2 * MAX_CONC).any(|row| table[row * HALF_BUCKETS + b] != Mover::Memcpy))
+            .unwrap_or(HALF_BUCKETS);
+        self.memcpy_below = if first_other >= HALF_BUCKETS {
             usize::MAX
         } else {
-            1usize << first_other
+            half_bucket_start(first_other)
         };
         self.table = table;
         Ok(())
@@ -643,7 +681,7 @@ impl Policy {
 
     #[inline]
     fn slot(cold: bool, conc: usize, bucket: usize) -> usize {
-        ((cold as usize) * MAX_CONC + (conc.clamp(1, MAX_CONC) - 1)) * BUCKETS + bucket
+        ((cold as usize) * MAX_CONC + (conc.clamp(1, MAX_CONC) - 1)) * HALF_BUCKETS + bucket
     }
 
     /// The mover for one copy of `bytes` with `concurrency` copies running
@@ -651,9 +689,8 @@ impl Policy {
     /// be out of cache (`None`: guessed from its size, `cold_from_bytes`).
     #[inline]
     pub fn choose(&self, bytes: usize, concurrency: usize, cold: Option<bool>) -> Mover {
-        let bucket = (usize::BITS - 1).saturating_sub(bytes.max(1).leading_zeros()) as usize;
         let cold = cold.unwrap_or(bytes as u64 >= self.cold_from_bytes);
-        self.table[Self::slot(cold, concurrency, bucket.min(BUCKETS - 1))]
+        self.table[Self::slot(cold, concurrency, half_bucket(bytes))]
     }
 
     /// Reads and validates a policy file.
@@ -927,6 +964,9 @@ mod tests {
         .unwrap();
         assert_eq!(p.choose(64, 1, Some(false)), Mover::Memcpy);
         assert_eq!(p.choose(3 << 24, 1, Some(false)), Mover::NonTemporal);
+        // 2^22 is nearer 2^20 (memcpy) than 2^26; 3·2^23 nearer 2^26 (nt).
+        assert_eq!(p.choose(1 << 22, 1, Some(false)), Mover::Memcpy);
+        assert_eq!(p.choose(3 << 23, 1, Some(false)), Mover::NonTemporal);
         assert_eq!(p.choose(1 << 30, 1, Some(false)), Mover::NonTemporal);
         assert_eq!(p.choose(1 << 30, 3, Some(false)), Mover::Kernel);
         assert_eq!(p.choose(1, 1, Some(true)), Mover::Kernel);
@@ -950,6 +990,22 @@ mod tests {
         assert!(Policy::load(&f).unwrap_err().contains("version 9"));
         let fb = load_or_fallback(Some(&dir.path().join("missing.json")));
         assert_eq!(fb.choose(1 << 26, 2, None), Mover::Memcpy);
+    }
+
+    #[test]
+    fn half_buckets_split_octaves_at_root_two() {
+        // Bucket 1 (sizes in [√2, 2)) holds no whole size.
+        for hb in (0..HALF_BUCKETS).filter(|&hb| hb != 1) {
+            let s = half_bucket_start(hb);
+            assert_eq!(half_bucket(s), hb, "start of {hb}: {s}");
+            if hb > 2 {
+                assert_eq!(half_bucket(s - 1), hb - 1, "before {hb}: {s}");
+            }
+        }
+        assert_eq!(half_bucket(0), 0);
+        assert_eq!(half_bucket(usize::MAX), HALF_BUCKETS - 1);
+        assert_eq!(half_bucket(3 << 20), 43);
+        assert_eq!(half_bucket(1 << 20), 40);
     }
 
     #[test]
