@@ -33,6 +33,7 @@
 //! together are in [`target`], [`workload`] and [`suite`].
 
 pub mod batching;
+pub mod calibrate;
 pub mod caller;
 pub mod child;
 pub mod classify;

@@ -32,6 +32,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use transport::mover::MoverChoice;
 
 /// How long each end of the `raw-spin` floor polls before it blocks: the
 /// client's default budget (`client::ClientOptions::spin`).
@@ -272,6 +273,10 @@ pub struct BenchEnv {
     /// How long tensorwire's clients and the agents the bench starts poll
     /// before they block (`None` = their defaults; zero = block at once).
     pub spin: Option<Duration>,
+    /// `--mover`: over shm, inputs are sent from the heap and moved into
+    /// the arena with this mover (the URI's `?mover=`) instead of being
+    /// allocated in the arena (zero copy, the default); `zero` keeps that.
+    pub mover: Option<transport::mover::MoverChoice>,
 }
 
 /// A server process a target runs, or none.
@@ -447,13 +452,28 @@ fn start_tensorwire(
         opts.spin = spin;
     }
     let stages = env.stages;
+    let moved = env
+        .mover
+        .filter(|m| *m != MoverChoice::Fixed(transport::mover::Mover::Zero))
+        .filter(|_| uri.starts_with("shm://"));
+    let uri = match moved {
+        Some(m) => format!("{uri}?mover={m}"),
+        None => uri,
+    };
+    let heap = moved.is_some();
     // Probe once so a wrong URI or model fails here, not in every client.
-    let probe = TensorwireCaller::connect(&uri, workload, opts.clone(), stages)?;
+    let probe = TensorwireCaller::connect(&uri, workload, opts.clone(), stages, heap)?;
     let tensor_bytes = crate::workload::tensor_bytes(&probe.inputs);
     drop(probe);
     let w = workload.clone();
     let factory: Arc<CallerFactory> = Arc::new(move || {
-        Ok(Box::new(TensorwireCaller::connect(&uri, &w, opts.clone(), stages)?) as Box<dyn Caller>)
+        Ok(Box::new(TensorwireCaller::connect(
+            &uri,
+            &w,
+            opts.clone(),
+            stages,
+            heap,
+        )?) as Box<dyn Caller>)
     });
     Ok(RunningTarget {
         spec: spec.clone(),
@@ -806,10 +826,13 @@ impl Caller for LocalCaller {
 }
 
 /// A tensorwire client with its inputs allocated where the transport wants
-/// them (in the session's arena over shm: zero-copy requests).
+/// them (in the session's arena over shm: zero-copy requests), or, with
+/// `heap` (bench `--mover`), sent from the heap so that each request moves
+/// them with the session's mover.
 struct TensorwireCaller {
     model: client::Model,
     bufs: Vec<client::TensorBuf>,
+    heap: bool,
     inputs: Vec<Input>,
     /// Which requests ask for their timeline (`None`: none do).
     sampler: Option<StageSampler>,
@@ -822,13 +845,14 @@ impl TensorwireCaller {
         workload: &Workload,
         opts: client::ClientOptions,
         stages: bool,
+        heap: bool,
     ) -> Result<TensorwireCaller, BenchError> {
         let e = |x: client::ClientError| BenchError::new(format!("{uri}: {x}"));
         let c = client::Client::connect_with(uri, opts).map_err(e)?;
         let model = c.model(workload.model_name()).map_err(e)?;
         let inputs = workload.inputs(model.signature())?;
         let mut bufs = Vec::with_capacity(inputs.len());
-        for (dtype, shape, data) in &inputs {
+        for (dtype, shape, data) in inputs.iter().filter(|_| !heap) {
             let mut t = c.alloc_tensor(*dtype, shape).map_err(e)?;
             t.as_mut_bytes().copy_from_slice(data);
             bufs.push(t);
@@ -836,6 +860,7 @@ impl TensorwireCaller {
         Ok(TensorwireCaller {
             model,
             bufs,
+            heap,
             inputs,
             sampler: stages.then(StageSampler::new),
             _client: c,
@@ -845,7 +870,15 @@ impl TensorwireCaller {
 
 impl Caller for TensorwireCaller {
     fn call(&mut self) -> Result<Option<StageSample>, BenchError> {
-        let tensors: Vec<client::TensorRef<'_>> = self.bufs.iter().map(|t| t.as_ref()).collect();
+        let tensors: Vec<client::TensorRef<'_>> = if self.heap {
+            self.inputs
+                .iter()
+                .map(|(dtype, shape, data)| client::TensorRef::new(*dtype, shape, data))
+                .collect::<Result<_, _>>()
+                .map_err(|e| BenchError::new(e.to_string()))?
+        } else {
+            self.bufs.iter().map(|t| t.as_ref()).collect()
+        };
         let timed = self.sampler.as_mut().is_some_and(|s| s.time_next());
         let r = if timed {
             self.model.infer_timed(&tensors)

@@ -35,6 +35,10 @@ enum Command {
     /// killed clients) while a well-behaved client is watched; report what
     /// it survived.
     Torture(cmd::torture::Args),
+    /// Measure every data mover × size × concurrency × cache state on this
+    /// machine and write the mover policy `--mover auto` uses; or evaluate
+    /// a policy on cases it was not fitted on.
+    Calibrate(cmd::calibrate::Args),
     /// (internal) Serve the engine over a peer RPC framework for `bench`.
     #[command(hide = true)]
     PeerServe(cmd::peer_serve::Args),
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
         Command::Classify(a) => cmd::classify::run(a),
         Command::Bench(a) => cmd::bench::run(*a),
         Command::Torture(a) => cmd::torture::run(a),
+        Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::PeerServe(a) => cmd::peer_serve::run(a),
         Command::Hold(a) => cmd::hold::run(a),
         Command::RawEcho(a) => cmd::ping::run_echo(a),

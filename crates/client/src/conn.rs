@@ -172,6 +172,10 @@ pub struct Response {
     /// `CLOCK_MONOTONIC` ns when the response was complete (0 unless
     /// timed).
     pub client_done_ns: u64,
+    /// Over `shm://`: the data mover that put the request's largest input
+    /// into the arena (`Zero` when it already lay there); `None` on other
+    /// transports. Part of the request's timeline record.
+    pub input_mover: Option<transport::mover::Mover>,
 }
 
 /// A model as listed by the agent.
@@ -284,6 +288,8 @@ pub(crate) struct Sent {
     /// Shared memory: the arena allocations the request reads, held until
     /// its response has come (outputs that alias them hold them longer).
     pub(crate) pins: Vec<Arc<Allocation>>,
+    /// Shared memory: the mover of the largest input.
+    mover: Option<transport::mover::Mover>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -326,6 +332,7 @@ impl Client {
                     opts.token.as_deref().map(str::as_bytes),
                     1,
                     opts.connect_timeout,
+                    transport::mover_param(uri),
                 )?;
                 shm_limits = Some(limits);
                 Link::Shm(Box::new(link))
@@ -505,6 +512,17 @@ impl Client {
         }
     }
 
+    /// Input tensors (and their bytes) per data mover on a `shm://`
+    /// session: `zero` for inputs sent where they lay in the arena, the
+    /// others for inputs moved in (`shm://name?mover=...`; all zero on
+    /// other transports, where the kernel moves the bytes).
+    pub fn mover_stats(&self) -> transport::mover::MoverStats {
+        match &self.inner.link {
+            Link::Shm(s) => s.mover_stats(),
+            _ => transport::mover::MoverStats::default(),
+        }
+    }
+
     /// The arena's regions and the client region's free space, on a
     /// `shm://` session (`None` on other transports).
     pub fn shm_info(&self) -> Option<ShmInfo> {
@@ -560,7 +578,7 @@ impl Model {
 
     /// Runs the model on `inputs` (in signature order) and waits for the outputs.
     pub fn infer(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
-        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline)?;
+        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline, true)?;
         let timeout = self.client.inner.opts.timeout;
         self.client.inner.finish(sent, timeout)
     }
@@ -570,7 +588,7 @@ impl Model {
     /// trace a sample of their requests (each timed request costs about ten
     /// clock reads, client and agent together).
     pub fn infer_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
-        let sent = self.send_request(inputs, true)?;
+        let sent = self.send_request(inputs, true, true)?;
         let timeout = self.client.inner.opts.timeout;
         self.client.inner.finish(sent, timeout)
     }
@@ -582,7 +600,7 @@ impl Model {
     /// held until the response has come; any other input is copied into the
     /// session's arena once.
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
-        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline)?;
+        let sent = self.send_request(inputs, self.client.inner.opts.want_timeline, false)?;
         Ok(Ticket {
             client: self.client.clone(),
             sent,
@@ -591,8 +609,16 @@ impl Model {
     }
 
     /// Checks, places and sends a request, asking for the timeline if
-    /// `timed`.
-    fn send_request(&self, inputs: &[TensorRef<'_>], timed: bool) -> Result<Sent, ClientError> {
+    /// `timed`. `may_pull`: the caller waits for the answer while it
+    /// borrows the inputs (blocking calls), so over shm the agent may pull
+    /// them from where they lie (`mover=kernel`); a submitted request's
+    /// inputs are moved into the arena before it returns.
+    fn send_request(
+        &self,
+        inputs: &[TensorRef<'_>],
+        timed: bool,
+        may_pull: bool,
+    ) -> Result<Sent, ClientError> {
         let inner = &self.client.inner;
         let start_ns = stamp_if(timed);
         let sig = &self.info.signature;
@@ -642,9 +668,13 @@ impl Model {
                 limits.max_desc_len
             )));
         }
+        let mut mover = None;
+        let mut pulls = Vec::new();
         let (descs, pins) = match shm {
             Some(s) => {
-                let placed = s.place_inputs(inputs)?;
+                let placed = s.place_inputs(inputs, may_pull)?;
+                mover = Some(placed.mover);
+                pulls = placed.pulls;
                 if placed.copied > 0 {
                     inner
                         .stats
@@ -667,8 +697,21 @@ impl Model {
                 Vec::new(),
             ),
         };
-        let mut desc = Vec::with_capacity(desc_len);
+        let mut desc = Vec::with_capacity(desc_len + 8 * pulls.len());
         encode_tensor_section(&descs, None, &mut desc);
+        if !pulls.is_empty() {
+            // PROTOCOL §14.6, pulled inputs: one source address per tensor.
+            if desc.len() + 8 * pulls.len() > limits.max_desc_len as usize {
+                return Err(ClientError::LimitExceeded(format!(
+                    "descriptor section with pull addresses is {} bytes, the session allows {}",
+                    desc.len() + 8 * pulls.len(),
+                    limits.max_desc_len
+                )));
+            }
+            for a in &pulls {
+                desc.extend_from_slice(&a.to_le_bytes());
+            }
+        }
         let mut h = Header::new(Kind::Request);
         h.request_id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         h.model_id = self.info.id;
@@ -679,6 +722,9 @@ impl Model {
         h.timeout_us = self.timeout_us;
         if timed {
             h.flags |= flags::WANT_TIMELINE;
+        }
+        if !pulls.is_empty() {
+            h.flags |= flags::PULL;
         }
         if shm.is_some() {
             inner.send(&h, &desc, &[])?;
@@ -694,6 +740,7 @@ impl Model {
             start_ns,
             sent_ns,
             pins,
+            mover,
         })
     }
 }
@@ -763,6 +810,7 @@ impl Inner {
         let mut r = self.response_from(sent.id, frame, &sent.pins)?;
         r.client_start_ns = sent.start_ns;
         r.client_sent_ns = sent.sent_ns;
+        r.input_mover = sent.mover;
         r.client_received_ns = received_ns;
         r.client_done_ns = stamp_if(sent.timed);
         Ok(r)
@@ -1104,6 +1152,7 @@ impl Inner {
             client_sent_ns: 0,
             client_received_ns: 0,
             client_done_ns: 0,
+            input_mover: None,
         })
     }
 }
@@ -1183,6 +1232,7 @@ fn into_response(f: Frame) -> Result<Response, ClientError> {
         client_sent_ns: 0,
         client_received_ns: 0,
         client_done_ns: 0,
+        input_mover: None,
     })
 }
 

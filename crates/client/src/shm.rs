@@ -32,6 +32,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+use transport::mover::{Mover, MoverChoice, MoverCounters};
 use transport::shm::{Arena, Layout, ShmChannel, ShmError, WaitPolicy};
 use wire::{
     decode_tensor_section_in, Header, Kind, Limits, Placement, TensorDesc, Timeline, PAYLOAD_ALIGN,
@@ -362,6 +363,25 @@ impl Drop for ResponseRegion {
 // ---------------------------------------------------------------------------
 // The link
 
+/// Copies `src` into the arena slot `dst` with the mover `pick`; returns
+/// the mover used. A copy the client makes itself cannot be the agent's
+/// pull, so `kernel` here (a submitted request, or an agent that does not
+/// pull) is `process_vm_readv` from this process itself, and a failure of
+/// it (a sandbox that forbids the call) falls back to memcpy.
+fn copy_in(pick: Mover, dst: &mut [u8], src: &[u8]) -> Mover {
+    let m = match pick {
+        Mover::Zero => Mover::Memcpy,
+        m => m,
+    };
+    match transport::mover::copy(m, dst, src) {
+        Ok(()) => m,
+        Err(_) => {
+            dst.copy_from_slice(src);
+            Mover::Memcpy
+        }
+    }
+}
+
 /// Inputs placed in the client region for one request.
 pub(crate) struct Placed {
     /// One descriptor per input, offsets relative to the data area.
@@ -370,6 +390,13 @@ pub(crate) struct Placed {
     pub pins: Vec<Arc<Allocation>>,
     /// Bytes copied into the arena (inputs not already in it).
     pub copied: u64,
+    /// The mover of the request's largest input (`Zero`: every input was
+    /// already in the arena, or there were none).
+    pub mover: Mover,
+    /// When the agent is to pull inputs (`mover=kernel`): each input's
+    /// address in this process (0: in place), for the request's section;
+    /// empty when nothing is pulled.
+    pub pulls: Vec<u64>,
 }
 
 struct Shared {
@@ -403,6 +430,12 @@ pub(crate) struct ShmLink {
     filed: AtomicU64,
     cv: Condvar,
     uri: String,
+    /// How inputs not already in the arena are moved in (`?mover=`).
+    mover: MoverChoice,
+    /// Bytes and tensors per mover (`Zero`: sent where they lay).
+    movers: MoverCounters,
+    /// The agent pulls inputs named by address (its arena's features).
+    pull: bool,
 }
 
 impl ShmLink {
@@ -414,6 +447,7 @@ impl ShmLink {
         token: Option<&[u8]>,
         request_id: u64,
         timeout: Duration,
+        mover: MoverChoice,
     ) -> Result<(ShmLink, Limits), ClientError> {
         let (ch, limits) =
             ShmChannel::connect(path, asked, token, request_id, timeout).map_err(|e| match e {
@@ -439,6 +473,7 @@ impl ShmLink {
             })?;
         let arena = ch.arena().clone();
         let layout = *ch.layout();
+        let pull = Layout::features(&arena) & transport::shm::layout::FEATURE_PULL != 0;
         let alloc = RegionAllocator::new(arena.clone(), layout.data_off, layout.client_len);
         let ch = Arc::new(Mutex::new(ch));
         let releases = Arc::new(ReleaseQueue {
@@ -464,6 +499,9 @@ impl ShmLink {
                 filed: AtomicU64::new(0),
                 cv: Condvar::new(),
                 uri: uri.to_string(),
+                mover,
+                movers: MoverCounters::default(),
+                pull,
             },
             limits,
         ))
@@ -472,6 +510,11 @@ impl ShmLink {
     /// The arena's layout.
     pub(crate) fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Bytes and tensors moved into the arena per mover.
+    pub(crate) fn mover_stats(&self) -> transport::mover::MoverStats {
+        self.movers.snapshot()
     }
 
     /// The client-region allocator.
@@ -483,30 +526,60 @@ impl ShmLink {
     /// lie in a live allocation (64-byte aligned, not overlapping another
     /// input of this request) is described where it is and pinned; any
     /// other is copied into a fresh allocation.
-    pub(crate) fn place_inputs(&self, inputs: &[TensorRef<'_>]) -> Result<Placed, ClientError> {
+    pub(crate) fn place_inputs(
+        &self,
+        inputs: &[TensorRef<'_>],
+        may_pull: bool,
+    ) -> Result<Placed, ClientError> {
         let mut placed = Placed {
             descs: Vec::with_capacity(inputs.len()),
             pins: Vec::with_capacity(inputs.len()),
             copied: 0,
+            mover: Mover::Zero,
+            pulls: Vec::new(),
         };
+        let mut addrs: Vec<u64> = Vec::new();
+        let mut largest = 0usize;
         let mut taken: Vec<(usize, usize)> = Vec::with_capacity(inputs.len());
         for t in inputs {
             let len = t.data.len();
             let in_place = self.alloc.find(t.data).filter(|&(_, off)| {
                 off.is_multiple_of(ALIGN) && !taken.iter().any(|&r| conflicts(r, (off, off + len)))
             });
-            let (off, pin) = match in_place {
-                Some((a, off)) => (off, a),
+            let (off, pin, mover) = match in_place {
+                Some((a, off)) => (off, a, Mover::Zero),
                 None => {
+                    if self.mover == MoverChoice::Fixed(Mover::Zero) {
+                        return Err(ClientError::InvalidInput(format!(
+                            "mover=zero: input {} ({len} bytes) is not in the arena; \
+                             make it with Client::alloc_tensor",
+                            placed.descs.len()
+                        )));
+                    }
                     let a = self.alloc.alloc(len).map_err(NoSpace::into_error)?;
-                    // SAFETY: a fresh allocation that only this function
-                    // holds; the source cannot overlap it (it is either
-                    // outside the arena or in another allocation).
-                    unsafe { a.bytes_mut()[..len].copy_from_slice(t.data) };
-                    placed.copied += len as u64;
-                    (a.offset(), a)
+                    let decision = self.mover.decide(len);
+                    let pick = decision.mover;
+                    if pick == Mover::Kernel && may_pull && self.pull && len > 0 {
+                        // The agent pulls it into the slot: nothing to do here.
+                        addrs.resize(placed.descs.len(), 0);
+                        addrs.push(t.data.as_ptr() as u64);
+                        (a.offset(), a, Mover::Kernel)
+                    } else {
+                        // SAFETY: a fresh allocation that only this function
+                        // holds; the source cannot overlap it (it is either
+                        // outside the arena or in another allocation).
+                        let dst = unsafe { &mut a.bytes_mut()[..len] };
+                        let m = copy_in(pick, dst, t.data);
+                        placed.copied += len as u64;
+                        (a.offset(), a, m)
+                    }
                 }
             };
+            self.movers.add(mover, len as u64);
+            if len >= largest {
+                largest = len;
+                placed.mover = mover;
+            }
             taken.push((off, off + len));
             placed.descs.push(TensorDesc {
                 dtype: t.dtype,
@@ -515,6 +588,10 @@ impl ShmLink {
                 len: len as u64,
             });
             placed.pins.push(pin);
+        }
+        if !addrs.is_empty() {
+            addrs.resize(placed.descs.len(), 0);
+            placed.pulls = addrs;
         }
         Ok(placed)
     }

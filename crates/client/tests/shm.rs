@@ -879,3 +879,50 @@ fn a_tiny_ring_back_pressures_pipelined_senders_without_deadlock() {
         });
     });
 }
+
+#[test]
+fn every_mover_moves_inputs_and_is_counted() {
+    use transport::mover::Mover;
+    within(LIMIT, || {
+        let agent = TestAgent::identity();
+        for (mover, want) in [
+            ("memcpy", Mover::Memcpy),
+            ("nt", Mover::NonTemporal),
+            ("kernel", Mover::Kernel),
+        ] {
+            let c = connect(&format!("{}?mover={mover}", agent.shm));
+            let m = c.model("identity").expect("identity");
+            for len in [1usize, 63, 4099, 1 << 20] {
+                let data = pattern(len, len as u64, false);
+                let shape = [len as u64];
+                let t = TensorRef::new(DType::U8, &shape, &data).expect("tensor");
+                let r = m.infer(&[t]).expect("infer");
+                assert!(
+                    r.outputs[0].bytes() == &data[..],
+                    "{mover} {len}: bytes differ"
+                );
+                assert_eq!(r.input_mover, Some(want), "{mover} {len}");
+            }
+            let s = c.mover_stats();
+            assert_eq!(s.copies_of(want), 4, "{mover}: {s}");
+            assert_eq!(s.bytes_of(want), 1 + 63 + 4099 + (1 << 20), "{mover}: {s}");
+            // An arena tensor is sent where it lies, whatever the mover.
+            let mut buf = c.alloc_tensor(DType::U8, &[64]).expect("alloc");
+            buf.as_mut_bytes().fill(7);
+            let r = m.infer(&[buf.as_ref()]).expect("infer");
+            assert_eq!(r.input_mover, Some(Mover::Zero));
+            assert_eq!(c.mover_stats().copies_of(Mover::Zero), 1);
+        }
+        // mover=zero refuses an input that is not in the arena, for that
+        // call only.
+        let c = connect(&format!("{}?mover=zero", agent.shm));
+        let m = c.model("identity").expect("identity");
+        let data = [1u8; 16];
+        let t = TensorRef::new(DType::U8, &[16], &data).expect("tensor");
+        let e = m.infer(&[t]).unwrap_err();
+        assert!(e.to_string().contains("mover=zero"), "{e}");
+        let buf = c.alloc_tensor(DType::U8, &[16]).expect("alloc");
+        m.infer(&[buf.as_ref()])
+            .expect("an arena tensor still goes");
+    });
+}

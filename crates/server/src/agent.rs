@@ -106,6 +106,9 @@ pub struct AgentStats {
     /// Output bytes answered by pointing at the input they alias (identity)
     /// since start: nothing written.
     pub shm_output_bytes_aliased: u64,
+    /// Tensors and bytes the agent moved, per data mover, since start
+    /// (this process's agents together: [`crate::movers`]).
+    pub movers: transport::mover::MoverStats,
     /// Times a session's worker, polling for its client, found the client
     /// on its own CPU and moved off it, since start
     /// ([`transport::cpu`]).
@@ -163,6 +166,7 @@ impl Agent {
             .transpose()?
             .map(Arc::new);
         let socket_group = cfg.socket_group.as_deref().map(resolve_group).transpose()?;
+        crate::movers().set_choice(cfg.mover);
         let core = Arc::new(
             AgentCore::new(registry, cfg.limits, cfg.max_total_payload)
                 .with_request_timing(cfg.request_timing)
@@ -300,6 +304,7 @@ impl Agent {
             shm_output_bytes_in_place: c.shm_output_bytes_in_place.load(Ordering::Relaxed),
             shm_output_bytes_aliased: c.shm_output_bytes_aliased.load(Ordering::Relaxed),
             cpu_moves: transport::cpu::moves_total(),
+            movers: crate::movers().stats(),
         }
     }
 

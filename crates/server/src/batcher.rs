@@ -387,7 +387,7 @@ impl Batcher {
         };
         // The copies happen outside the lock: each span is this member's.
         for (t, span) in inputs.iter().zip(spans.iter_mut()) {
-            span.bytes_mut().copy_from_slice(t.data);
+            crate::movers().move_bytes(span.bytes_mut(), t.data);
         }
         let bytes: usize = inputs.iter().map(|t| t.data.len()).sum();
         model.stats.record_batch_copy(bytes as u64, 0, 0);
@@ -645,7 +645,8 @@ fn run_group(model: &ModelEntry, group: &[&Member]) -> GroupRun {
                 };
                 let mut at = 0;
                 for s in &spans {
-                    buf.as_mut_slice()[at..at + s.len()].copy_from_slice(s.bytes());
+                    crate::movers()
+                        .move_bytes(&mut buf.as_mut_slice()[at..at + s.len()], s.bytes());
                     at += s.len();
                 }
                 copied += total as u64;
@@ -720,8 +721,9 @@ fn split(
                 OutputData::Input(n) => OutputData::Input(n),
                 OutputData::Owned(_) => {
                     copied += len as u64;
-                    let b = AlignedBuf::copy_from(&bytes[at..at + len])
+                    let mut b = AlignedBuf::zeroed(len)
                         .map_err(|e| format!("out of memory splitting its outputs: {e}"))?;
+                    crate::movers().move_bytes(b.as_mut_slice(), &bytes[at..at + len]);
                     OutputData::Owned(b)
                 }
             };

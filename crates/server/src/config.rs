@@ -456,6 +456,10 @@ pub struct AgentConfig {
     /// `https://` front doors (TOML `[tls]`, `serve --tls-cert --tls-key
     /// --tls-client-ca`).
     pub tls: Option<ServerTlsFiles>,
+    /// How the agent moves tensor bytes it must copy ([`crate::movers`];
+    /// `serve --mover`): `auto` asks the mover policy (`tensorwire
+    /// calibrate`), or one fixed mover. Per process.
+    pub mover: transport::mover::MoverChoice,
 }
 
 impl Default for AgentConfig {
@@ -486,6 +490,7 @@ impl Default for AgentConfig {
             socket_group: None,
             insecure: false,
             tls: None,
+            mover: transport::mover::MoverChoice::Auto,
         }
     }
 }

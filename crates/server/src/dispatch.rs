@@ -812,7 +812,7 @@ impl AgentCore {
                     dst.len()
                 )));
             }
-            dst.copy_from_slice(src);
+            crate::movers().move_bytes(dst, src);
         }
         let bytes: usize = outputs.iter().map(|b| b.len()).sum();
         p.model.stats.record_batch_copy(0, 0, bytes as u64);

@@ -91,7 +91,7 @@ fn owned(core: &AgentCore, reply: Reply, inputs: &[TensorView<'_>]) -> InprocRep
                 let src = inputs.get(i).map_or(&[][..], |t| t.data);
                 match core.pool.take(src.len()) {
                     Ok(mut b) => {
-                        b.copy_from_slice(src);
+                        crate::movers().move_bytes(&mut b, src);
                         b
                     }
                     Err(e) => {

@@ -32,6 +32,16 @@ pub mod stats;
 pub mod tenants;
 
 pub use agent::{Agent, AgentStats};
+
+/// The agent's data movers: every tensor copy the agent makes (outputs
+/// copied into an arena or a caller's buffer, batch staging, gathering and
+/// row scattering) goes through this one [`transport::mover::Movers`], per
+/// process like the mover policy it asks (`serve --mover`,
+/// [`AgentConfig::mover`]; default `auto`).
+pub fn movers() -> &'static transport::mover::Movers {
+    static MOVERS: std::sync::OnceLock<transport::mover::Movers> = std::sync::OnceLock::new();
+    MOVERS.get_or_init(transport::mover::Movers::default)
+}
 pub use batcher::BatchPolicy;
 pub use config::{AgentConfig, ConfigError, ModelConfig};
 pub use queue::{Ask, QueuePolicy, Refused};

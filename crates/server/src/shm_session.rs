@@ -165,6 +165,9 @@ struct Serving {
     grant: Grant,
     region: OutputRegion,
     parked: bool,
+    /// The client's process id, from its control socket's `SO_PEERCRED`
+    /// (never from anything it writes): where pulled inputs are read from.
+    peer_pid: Option<i32>,
 }
 
 impl ShmSession {
@@ -222,6 +225,7 @@ impl ShmSession {
             _ => self.cfg.sizes,
         };
         let agent_limits = grant.as_ref().map_or(core.limits, |g| g.limits);
+        let peer_pid = Credentials::of_unix(&sock).ok().map(|c| c.pid);
         let (ch, limits) =
             match ShmChannel::accept_hello(sock, &got, &agent_limits, sizes, self.cfg.stall) {
                 Ok(x) => x,
@@ -251,6 +255,7 @@ impl ShmSession {
                 seat: grant.and_then(|g| g.seat),
             },
             parked: false,
+            peer_pid,
         }));
         self.serve()
     }
@@ -286,6 +291,7 @@ impl ShmSession {
             grant: &st.grant,
             region: &mut st.region,
             stall: self.cfg.stall,
+            peer_pid: st.peer_pid,
         };
         loop {
             // Poll only in one of the agent's shm polling slots (one per
@@ -372,6 +378,39 @@ fn hello_grant(core: &AgentCore, sock: &UnixStream, got: &[u8]) -> Result<Option
         .map_err(|(status, msg)| core.fail(Reply::error(h.request_id, status, &msg)))
 }
 
+/// Splits a Request with `flags::PULL` into the header and section of an
+/// ordinary one and its source addresses (one u64 per tensor at the end of
+/// the section, PROTOCOL §14.6); a request without it is returned as is
+/// with no addresses.
+fn split_pulls<'d>(h: &Header, desc: &'d [u8]) -> Result<(Header, &'d [u8], Vec<u64>), String> {
+    let mut h = *h;
+    if h.flags & wire::flags::PULL == 0 {
+        return Ok((h, desc, Vec::new()));
+    }
+    let n = h.tensor_count as usize;
+    let cut = n
+        .checked_mul(8)
+        .and_then(|b| desc.len().checked_sub(b))
+        .ok_or_else(|| {
+            format!(
+                "a pulled request of {n} tensors needs {} address bytes, its section is {} bytes",
+                n.saturating_mul(8),
+                desc.len()
+            )
+        })?;
+    let addrs = desc[cut..]
+        .chunks_exact(8)
+        .map(|c| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            u64::from_le_bytes(a)
+        })
+        .collect();
+    h.flags &= !wire::flags::PULL;
+    h.desc_len = cut as u32;
+    Ok((h, &desc[..cut], addrs))
+}
+
 /// Reads what has arrived of the Hello on `sock` into `got`, without
 /// blocking: true once it is whole (or once its header shows it is bad:
 /// `accept_hello` refuses it), false when more is to come; an error when
@@ -443,6 +482,7 @@ struct Session<'a> {
     grant: &'a Grant,
     region: &'a mut OutputRegion,
     stall: Duration,
+    peer_pid: Option<i32>,
 }
 
 impl<'a> Session<'a> {
@@ -459,13 +499,35 @@ impl<'a> Session<'a> {
         let region = Placement::Region {
             len: self.layout.client_len as u64,
         };
-        let prep = match core.prepare_via(Via::Shm, h, desc, self.grant, region, &tl) {
+        // A pulled request: the section ends with one source address per
+        // tensor; the rest is an ordinary request's section.
+        let (h, desc, pulls) = match split_pulls(h, desc) {
+            Ok(x) => x,
+            Err(msg) => {
+                let reply = Reply::error(h.request_id, Status::Malformed, &msg);
+                return self.send(&core.fail(reply));
+            }
+        };
+        let prep = match core.prepare_via(Via::Shm, &h, desc, self.grant, region, &tl) {
             Ok(p) => p,
             Err(reply) => return self.send(&reply),
         };
-        // The tensors were in place before the header was published: they
-        // are where the client wrote them (no clock read needed).
-        tl.set(Stage::PayloadInPlace, tl.get(Stage::Received));
+        if pulls.is_empty() {
+            // The tensors were in place before the header was published:
+            // they are where the client wrote them (no clock read needed).
+            tl.set(Stage::PayloadInPlace, tl.get(Stage::Received));
+        } else {
+            if let Err(msg) = self.pull(&prep, &pulls) {
+                let reply = core.fail(Reply::error(h.request_id, Status::InvalidInput, &msg));
+                if let Some(t) = &prep.ticket {
+                    t.release();
+                }
+                let ok = self.send(&reply);
+                drop(prep);
+                return ok;
+            }
+            tl.stamp(Stage::PayloadInPlace);
+        }
         let arena = self.arena;
         let base = self.layout.data_off;
         let views = prep.views(arena.bytes(base..base + self.layout.client_len));
@@ -489,6 +551,34 @@ impl<'a> Session<'a> {
         let ok = self.send(&reply);
         drop(prep);
         ok
+    }
+
+    /// Pulls a request's inputs named by address out of the client's
+    /// memory into their slots of the client region (validated by
+    /// `prepare_in`: inside the region, not overlapping), with
+    /// `process_vm_readv` from the client's process (its control socket's
+    /// credentials). The kernel checks each range against the client's own
+    /// mappings: a range it does not have fails this request only.
+    fn pull(&mut self, p: &Prepared<'_>, addrs: &[u64]) -> Result<(), String> {
+        let pid = self
+            .peer_pid
+            .ok_or("pulled inputs: the client's process id is unknown (no SO_PEERCRED)")?;
+        for (i, (t, &addr)) in p.tensors.iter().zip(addrs).enumerate() {
+            if addr == 0 || t.len == 0 {
+                continue;
+            }
+            let start = self.layout.data_off + t.offset as usize;
+            // SAFETY: the descriptor was checked to lie inside the client
+            // region and not to overlap another input of this request; the
+            // client does not touch a request's input slots until its
+            // reply (PROTOCOL §14.6), and if it does it garbles only its
+            // own inputs. Nothing else in this process holds these bytes.
+            let dst = unsafe { self.arena.bytes_mut(start..start + t.len as usize) };
+            transport::mover::kernel_read(pid, &[(addr, t.len as usize)], dst)
+                .map_err(|e| format!("pulling input {i}: {e}"))?;
+            crate::movers().count(transport::mover::Mover::Kernel, t.len);
+        }
+        Ok(())
     }
 
     /// Runs the model and places its outputs; the blocks it allocated are
@@ -540,7 +630,7 @@ impl<'a> Session<'a> {
                         // leave the agent's region alone; if it does not,
                         // it only garbles its own outputs).
                         let dst = unsafe { self.arena.bytes_mut(start..start + len as usize) };
-                        dst.copy_from_slice(o.bytes(views));
+                        crate::movers().move_bytes(dst, o.bytes(views));
                         copied += len;
                     }
                     off
@@ -763,5 +853,61 @@ impl<'a> Session<'a> {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(5));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_pulls;
+    use wire::{encode_tensor_section, flags, DType, Header, Kind, TensorDesc};
+
+    /// The bytes of the pulled-request example of PROTOCOL §14.6.
+    fn doc_example() -> Vec<u8> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/PROTOCOL.md");
+        let doc = std::fs::read_to_string(path).expect("PROTOCOL.md");
+        let at = doc
+            .find("A pulled request for the identity model")
+            .expect("the example");
+        let block = doc[at..].split("```text").nth(1).expect("its block");
+        let block = block.split("```").next().expect("its end");
+        block
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .flat_map(|(_, rest)| {
+                let hex = rest.split('#').next().unwrap_or("");
+                hex.split_whitespace()
+                    .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_pull_example_of_protocol_splits() {
+        let t = TensorDesc {
+            dtype: DType::F32,
+            shape: vec![1, 4],
+            offset: 0,
+            len: 16,
+        };
+        let mut desc = Vec::new();
+        encode_tensor_section(std::slice::from_ref(&t), None, &mut desc);
+        desc.extend_from_slice(&0x7ffc_1234_5640u64.to_le_bytes());
+        let mut h = Header::new(Kind::Request);
+        h.request_id = 9;
+        h.tensor_count = 1;
+        h.desc_len = desc.len() as u32;
+        h.payload_len = 16;
+        h.flags = flags::PULL;
+        let bytes = [&h.encode()[..], &desc].concat();
+        assert_eq!(bytes, doc_example());
+        let got = Header::decode(&bytes[..64]).expect("a sound header");
+        let (plain, section, addrs) = split_pulls(&got, &bytes[64..]).expect("splits");
+        assert_eq!(plain.flags, 0);
+        assert_eq!(plain.desc_len, 40);
+        assert_eq!(section, &desc[..40]);
+        assert_eq!(addrs, vec![0x7ffc_1234_5640]);
+        // Too short for its addresses.
+        assert!(split_pulls(&got, &bytes[64..64 + 4]).is_err());
     }
 }

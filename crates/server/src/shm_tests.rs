@@ -241,6 +241,89 @@ fn identity_round_trip_aliases_inputs_in_place() {
     assert_eq!(c.control(Kind::Ping, Vec::new()).0.kind, Kind::Pong);
 }
 
+/// Sends a pulled request (`flags::PULL`): `tensors` with one source
+/// address each after the section; returns the reply.
+fn call_pulled(
+    c: &mut Raw,
+    model: u32,
+    tensors: &[TensorDesc],
+    addrs: &[u64],
+) -> Result<TensorSection, (Status, String)> {
+    let mut desc = Vec::new();
+    encode_tensor_section(tensors, None, &mut desc);
+    for a in addrs {
+        desc.extend_from_slice(&a.to_le_bytes());
+    }
+    let mut h = Header::new(Kind::Request);
+    h.request_id = c.id();
+    h.model_id = model;
+    h.tensor_count = tensors.len() as u32;
+    h.desc_len = desc.len() as u32;
+    h.payload_len = tensors.iter().map(|t| t.len).sum();
+    h.flags = flags::PULL;
+    c.send(&h, &desc);
+    let (r, b) = c.recv();
+    assert_eq!(r.request_id, h.request_id);
+    match r.kind {
+        Kind::Response => {
+            let region = Placement::Region {
+                len: c.layout().data_len as u64,
+            };
+            Ok(decode_tensor_section_in(&r, &b, region).unwrap())
+        }
+        Kind::Error => Err((r.status, decode_error_body(&b).unwrap())),
+        k => panic!("unexpected {k:?}"),
+    }
+}
+
+#[test]
+fn the_agent_pulls_inputs_by_address_and_refuses_lies_per_request() {
+    let (agent, name) = start(|_| {});
+    let mut c = Raw::connect(&name).unwrap();
+    assert_eq!(
+        Layout::features(c.ch.arena()) & transport::shm::layout::FEATURE_PULL,
+        transport::shm::layout::FEATURE_PULL,
+        "the agent advertises pulls"
+    );
+    let id = c.model_id("identity");
+    // Two inputs: one pulled from this process's heap, one in place.
+    let src = pattern(100_003, 3);
+    let a = desc(DType::U8, &[100_003], 0);
+    let b = desc(DType::U8, &[64], 128 * 1024);
+    let pb = pattern(64, 9);
+    c.write(b.offset, &pb);
+    let s = call_pulled(
+        &mut c,
+        id,
+        &[a.clone(), b.clone()],
+        &[src.as_ptr() as u64, 0],
+    )
+    .unwrap();
+    assert_eq!(s.tensors, vec![a.clone(), b.clone()]);
+    assert_eq!(c.read(a.offset, a.len), src, "pulled into its slot");
+    assert_eq!(c.read(b.offset, b.len), pb);
+    assert_eq!(
+        agent
+            .stats()
+            .movers
+            .bytes_of(transport::mover::Mover::Kernel),
+        100_003
+    );
+    // A client that lies about its addresses: an error for that request.
+    for bad in [8u64, u64::MAX - 16, 0x7fff_ffff_0000] {
+        let (status, msg) = call_pulled(&mut c, id, std::slice::from_ref(&a), &[bad]).unwrap_err();
+        assert_eq!(status, Status::InvalidInput, "{msg}");
+        assert!(msg.contains("not readable"), "{msg}");
+    }
+    // A section too short for its addresses: malformed, for that request.
+    let (status, _) = call_pulled(&mut c, id, &[a.clone(), b.clone()], &[]).unwrap_err();
+    assert_eq!(status, Status::Malformed);
+    // The session goes on.
+    let s = call_pulled(&mut c, id, std::slice::from_ref(&a), &[src.as_ptr() as u64]).unwrap();
+    assert_eq!(s.tensors, vec![a]);
+    assert_eq!(c.control(Kind::Ping, Vec::new()).0.kind, Kind::Pong);
+}
+
 fn bytes_f32(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

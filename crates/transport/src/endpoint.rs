@@ -13,7 +13,9 @@ pub enum Endpoint {
     /// `unix:///path/to.sock` (or `unix://relative.sock`).
     Unix(PathBuf),
     /// `shm://name`: a shared-memory session, bootstrapped over the control
-    /// socket [`crate::shm::control_path`]`(name)`.
+    /// socket [`crate::shm::control_path`]`(name)`. A client's
+    /// `?mover=auto|memcpy|nt|kernel|zero` is checked here and read with
+    /// [`mover_param`] (the endpoint itself is the same whatever the mover).
     Shm(String),
     /// `tcp://host:port[?nodelay=0|1]`.
     Tcp {
@@ -139,7 +141,13 @@ impl Endpoint {
                 })
             }
             "shm" => {
-                no_params(&params)?;
+                for (k, v) in &params {
+                    if k != "mover" {
+                        return Err(bad(&format!("unknown parameter '{k}' for shm://")));
+                    }
+                    v.parse::<crate::mover::MoverChoice>()
+                        .map_err(|e| bad(&e))?;
+                }
                 if rest.is_empty()
                     || rest.len() > 64
                     || !rest
@@ -183,6 +191,21 @@ impl Endpoint {
             ))),
         }
     }
+}
+
+/// The `mover=` parameter of a `shm://` URI (`shm://name?mover=nt`):
+/// which data mover the client uses to put tensors into the arena
+/// ([`crate::mover`]); `auto` when absent. Call after [`Endpoint::parse`]
+/// accepted the URI (an invalid value here is also taken as `auto`).
+pub fn mover_param(uri: &str) -> crate::mover::MoverChoice {
+    uri.split_once('?')
+        .and_then(|(_, q)| {
+            q.rsplit('&')
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| *k == "mover")
+                .and_then(|(_, v)| v.parse().ok())
+        })
+        .unwrap_or_default()
 }
 
 fn parse_query(q: Option<&str>) -> Result<Vec<(String, String)>, String> {
@@ -296,6 +319,12 @@ mod tests {
             Endpoint::Shm("agent-1".into())
         );
         assert!(Endpoint::parse("shm://a/b").is_err());
+        assert_eq!(
+            Endpoint::parse("shm://a?mover=nt").unwrap(),
+            Endpoint::Shm("a".into())
+        );
+        assert_eq!(mover_param("shm://a?mover=nt").to_string(), "nt");
+        assert_eq!(mover_param("shm://a").to_string(), "auto");
         assert!(Endpoint::parse("shm://").is_err());
         for s in [
             "shm://x",
@@ -346,6 +375,9 @@ mod tests {
             ("tcp://h:1?nodelay=2", "nodelay must be"),
             ("tcp://h:1?speed=9", "unknown parameter 'speed'"),
             ("unix:///a?x=1", "unknown parameter 'x'"),
+            ("shm://a?mover=fast", "unknown mover 'fast'"),
+            ("shm://a?speed=1", "unknown parameter 'speed' for shm://"),
+            ("unix:///a?mover=nt", "unknown parameter 'mover'"),
             ("tcp://h:1?nodelay", "has no value"),
             ("tcp://h:1?ca=x", "unknown parameter 'ca' for tcp://"),
             ("tls://h:1?cert=c.pem", "both cert= and key="),

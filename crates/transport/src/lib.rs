@@ -19,6 +19,7 @@ mod endpoint;
 mod error;
 pub mod inproc;
 mod listener;
+pub mod mover;
 mod peer;
 pub mod shm;
 pub mod spin;
@@ -26,7 +27,7 @@ mod stream;
 pub mod tls;
 pub mod vsock;
 
-pub use endpoint::Endpoint;
+pub use endpoint::{mover_param, Endpoint};
 pub use error::{RecvError, TransportError};
 pub use listener::{connect, remove_stale_unix_socket, Listener, ListenerWaker};
 pub use peer::{Credentials, PeerId};

@@ -6,7 +6,8 @@
 //!  4      2   version       1
 //!  6      1   kind          Kind
 //!  7      1   flags         bit 0 WANT_TIMELINE (requests only),
-//!                           bit 1 HAS_TIMELINE (responses only)
+//!                           bit 1 HAS_TIMELINE (responses only),
+//!                           bit 2 PULL (shm requests only)
 //!  8      8   request_id    chosen by the client, echoed by the agent
 //! 16      4   model_id      resolved once per session with ModelQuery
 //! 20      4   tensor_count  tensors described in the descriptor section
@@ -34,8 +35,14 @@ pub mod flags {
     pub const WANT_TIMELINE: u8 = 1 << 0;
     /// Response: a 64-byte timeline follows the tensor descriptors.
     pub const HAS_TIMELINE: u8 = 1 << 1;
+    /// Request, shared memory only (PROTOCOL §14.6, "Pulled inputs"): the
+    /// descriptor section ends with one u64 per tensor, the address of its
+    /// bytes in the client's own memory (0: already in place), and the
+    /// agent pulls them into the tensor's slot with `process_vm_readv`.
+    /// Sent only to an agent whose arena header advertises it.
+    pub const PULL: u8 = 1 << 2;
     /// All flag bits version 1 defines.
-    pub const KNOWN: u8 = WANT_TIMELINE | HAS_TIMELINE;
+    pub const KNOWN: u8 = WANT_TIMELINE | HAS_TIMELINE | PULL;
 }
 
 /// What a message is.
@@ -171,7 +178,7 @@ impl Header {
         // a HAS_TIMELINE request would make the receiver expect a timeline in
         // the client's descriptor section.
         let allowed = match kind {
-            Kind::Request => flags::WANT_TIMELINE,
+            Kind::Request => flags::WANT_TIMELINE | flags::PULL,
             Kind::Response => flags::HAS_TIMELINE,
             _ => 0,
         };

@@ -120,6 +120,10 @@ pub struct Args {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
+    /// `--mover M`: shm clients send inputs from the heap, moved into the
+    /// arena with M (default: inputs allocated in the arena, zero copy).
+    #[command(flatten)]
+    mover: super::MoverArg,
 }
 
 /// Runs `bench`.
@@ -167,7 +171,11 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             Some(us) => Some(std::time::Duration::from_micros(us)),
             None => None,
         },
+        mover: a.mover.mover,
     };
+    if let Some(p) = &a.mover.mover_policy {
+        transport::mover::set_policy_file(p);
+    }
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }

@@ -8,7 +8,7 @@
 //! spent waiting) fails the command with the agent's message, like any
 //! other error.
 
-use super::{connect, parse_models, CmdError, TokenArg, DEFAULT_CONNECT};
+use super::{connect, parse_models, CmdError, MoverArg, TokenArg, DEFAULT_CONNECT};
 use client::{ClientOptions, Stage, TensorRef};
 use npy::{read_npy, write_npy, NpyArray};
 use std::collections::HashMap;
@@ -54,6 +54,8 @@ pub struct Args {
     queue_timeout_ms: u64,
     #[command(flatten)]
     token: TokenArg,
+    #[command(flatten)]
+    mover: MoverArg,
 }
 
 /// The longest queue timeout a request header holds (`u32::MAX` µs, ~71 min),
@@ -82,7 +84,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         timeout: defaults.timeout + queue_timeout,
         ..defaults
     };
-    let c = connect(&a.connect, &parse_models(&a.load)?, a.token.apply(opts))?;
+    let uri = a.mover.apply_uri(&a.connect)?;
+    let c = connect(&uri, &parse_models(&a.load)?, a.token.apply(opts))?;
     let model = c
         .client
         .model(&a.model)?
@@ -152,6 +155,9 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             write_npy(&path, out.dtype, &out.shape, out.bytes())?;
             println!("    written to {}", path.display());
         }
+    }
+    if let Some(m) = r.input_mover {
+        println!("  input mover: {m}");
     }
     if let Some(tl) = r.timeline {
         println!("  agent timeline (µs from receipt):");

@@ -2,6 +2,7 @@
 //! agent, or starting an embedded one when the URI is `inproc://`.
 
 pub mod bench;
+pub mod calibrate;
 pub mod classify;
 pub mod hold;
 pub mod infer;
@@ -43,6 +44,45 @@ impl TokenArg {
             token: self.token.clone().filter(|t| !t.is_empty()),
             ..opts
         }
+    }
+}
+
+/// `--mover` and `--mover-policy`: how tensor bytes are moved (client
+/// subcommands: into an `shm://` arena; `serve`: the agent's copies).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct MoverArg {
+    /// Data mover: auto (the mover policy of `tensorwire calibrate`),
+    /// memcpy, nt (non-temporal stores), kernel (the agent pulls with
+    /// process_vm_readv), zero (only inputs already in the arena). On a
+    /// client this is the shm:// URI's `?mover=` parameter.
+    #[arg(long, value_name = "auto|memcpy|nt|kernel|zero")]
+    pub mover: Option<transport::mover::MoverChoice>,
+    /// The mover policy file `auto` uses (default: TENSORWIRE_MOVER_POLICY,
+    /// else ~/.config/tensorwire/mover-policy.json). Missing or corrupt:
+    /// memcpy, with a warning.
+    #[arg(long, value_name = "FILE")]
+    pub mover_policy: Option<std::path::PathBuf>,
+}
+
+impl MoverArg {
+    /// Loads the policy file if one was named, and returns `uri` with the
+    /// mover as its `?mover=` parameter (shm:// only; on other transports
+    /// the kernel moves the bytes and `--mover` is refused).
+    pub fn apply_uri(&self, uri: &str) -> Result<String, CmdError> {
+        if let Some(p) = &self.mover_policy {
+            transport::mover::set_policy_file(p);
+        }
+        let Some(m) = self.mover else {
+            return Ok(uri.to_string());
+        };
+        if !uri.starts_with("shm://") {
+            return Err(format!(
+                "--mover applies to shm:// sessions (the client copies nothing on {uri})"
+            )
+            .into());
+        }
+        let sep = if uri.contains('?') { '&' } else { '?' };
+        Ok(format!("{uri}{sep}mover={m}"))
     }
 }
 

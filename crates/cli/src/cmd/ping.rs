@@ -3,7 +3,7 @@
 //! against in the same run, or through no transport at all (`--connect
 //! local`: the engine called directly, the baseline of the RPC tax).
 
-use super::{connect, parse_models, CmdError, TokenArg, DEFAULT_CONNECT};
+use super::{connect, parse_models, CmdError, MoverArg, TokenArg, DEFAULT_CONNECT};
 use bench::raw::{self, EchoOptions, RawKind, RawOptions};
 use bench::raw_shm::{self, ShmOptions};
 use bench::stats::{summarize, Summary};
@@ -79,6 +79,11 @@ pub struct Args {
     json: bool,
     #[command(flatten)]
     token: TokenArg,
+    /// With `--mover` (not `zero`), inputs are sent from the heap, so each
+    /// request moves them into the arena with that mover; without it they
+    /// are allocated in the arena (zero copy).
+    #[command(flatten)]
+    mover: MoverArg,
 }
 
 /// Arguments of the hidden `raw-echo` peer.
@@ -257,7 +262,8 @@ fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
     if let Some(us) = a.spin_us {
         opts.spin = spin_budget(us)?;
     }
-    let c = connect(&a.connect, &parse_models(&a.load)?, a.token.apply(opts))?;
+    let uri = a.mover.apply_uri(&a.connect)?;
+    let c = connect(&uri, &parse_models(&a.load)?, a.token.apply(opts))?;
     if a.control {
         // `Client::ping` times its own round trip: timing around it as well
         // would count two more clock reads (~60 ns) than an empty request.
@@ -272,12 +278,27 @@ fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
     // Each tensor is allocated once where the transport wants it (in the
     // session's arena over shm, so every request is zero-copy) and re-sent.
     let mut bufs = Vec::with_capacity(inputs.len());
-    for (dtype, shape, data) in &inputs {
-        let mut t = c.client.alloc_tensor(*dtype, shape)?;
-        t.as_mut_bytes().copy_from_slice(data);
-        bufs.push(t);
+    let moved = !matches!(
+        a.mover.mover,
+        None | Some(transport::mover::MoverChoice::Fixed(
+            transport::mover::Mover::Zero
+        ))
+    );
+    if !moved {
+        for (dtype, shape, data) in &inputs {
+            let mut t = c.client.alloc_tensor(*dtype, shape)?;
+            t.as_mut_bytes().copy_from_slice(data);
+            bufs.push(t);
+        }
     }
-    let tensors: Vec<TensorRef<'_>> = bufs.iter().map(|t| t.as_ref()).collect();
+    let tensors: Vec<TensorRef<'_>> = if moved {
+        inputs
+            .iter()
+            .map(|(dtype, shape, data)| TensorRef::new(*dtype, shape, data))
+            .collect::<Result<_, _>>()?
+    } else {
+        bufs.iter().map(|t| t.as_ref()).collect()
+    };
     let first = model.infer(&tensors)?;
     if model.signature().inputs.is_empty() {
         // Check once that the identity model echoes what it was sent.
@@ -309,6 +330,7 @@ fn ping_tensorwire(a: &Args) -> Result<(Vec<u64>, Inputs), CmdError> {
             "client copies: {} input bytes and {} output bytes copied in user space over {} requests; {} payload bytes moved out of the socket staging buffer",
             cs.input_bytes_copied, cs.output_bytes_copied, cs.requests, cs.staged_bytes
         );
+        println!("client movers: {}", c.client.mover_stats());
     }
     drop(tensors);
     Ok((samples, inputs))

@@ -72,6 +72,8 @@ pub struct Args {
     /// serves /metrics too). Prints `metrics on http://HOST:PORT`.
     #[arg(long, value_name = "URI")]
     metrics_listen: Option<String>,
+    #[command(flatten)]
+    mover: super::MoverArg,
     /// Do not time every request's stages for the statistics and metrics
     /// (saves four clock reads a request; counts still move, durations stay
     /// 0). TOML: [stats] request_timing = false.
@@ -147,6 +149,12 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     }
     if a.no_request_timing {
         cfg.request_timing = false;
+    }
+    if let Some(p) = &a.mover.mover_policy {
+        transport::mover::set_policy_file(p);
+    }
+    if let Some(m) = a.mover.mover {
+        cfg.mover = m;
     }
     for m in &a.models {
         cfg.models.push(ModelConfig::parse_flag(m)?);
@@ -302,8 +310,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
     }
     eprintln!(
-        "tensorwire agent: stopped ({} responses, {} errors; workers moved off a client's CPU {} times)",
-        st.responses, st.errors, st.cpu_moves
+        "tensorwire agent: stopped ({} responses, {} errors; workers moved off a client's CPU {} times; tensors moved: {})",
+        st.responses, st.errors, st.cpu_moves, st.movers
     );
     Ok(())
 }

@@ -34,6 +34,12 @@ use std::sync::atomic::Ordering;
 
 /// First eight bytes of every arena.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TWSHM002");
+
+/// Offset of the header page's `features` word (PROTOCOL §14.3): what the
+/// agent accepts beyond the first release; 0 from older agents.
+pub const FEATURES_OFF: usize = 192;
+/// Feature bit: the agent pulls inputs named by address (`flags::PULL`).
+pub const FEATURE_PULL: u64 = 1;
 /// Offset of the agent's sleep word.
 pub const AGENT_SLEEP: usize = 64;
 /// Offset of the client's sleep word.
@@ -111,7 +117,14 @@ impl Layout {
         w(40, self.data_off as u64);
         w(48, self.data_len as u64);
         w(56, self.client_len as u64);
+        w(FEATURES_OFF, FEATURE_PULL);
         a.atomic_u64(0).store(MAGIC, Ordering::Release);
+    }
+
+    /// The agent's `features` word of a checked arena (bits it does not
+    /// know are the client's to ignore).
+    pub fn features(a: &Arena) -> u64 {
+        a.atomic_u64(FEATURES_OFF).load(Ordering::Acquire)
     }
 
     /// Reads and checks the header of an arena received from the agent: it
