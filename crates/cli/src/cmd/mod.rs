@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod classify;
+pub mod gateway;
 pub mod hold;
 pub mod infer;
 pub mod models;
