@@ -74,11 +74,18 @@ fn agent_in(dir: &Path, shm_name: &str) -> ServeProcess {
 
 /// The two upstreams of one agent: (name, uri).
 fn upstreams(agent: &ServeProcess) -> Vec<(&'static str, String)> {
-    vec![("unix", agent.uris[0].clone()), ("shm", agent.uris[1].clone())]
+    vec![
+        ("unix", agent.uris[0].clone()),
+        ("shm", agent.uris[1].clone()),
+    ]
 }
 
 fn fresh_shm_name() -> String {
-    format!("gw-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "gw-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn is_unavailable(e: &ClientError) -> bool {
@@ -125,7 +132,9 @@ fn exercise(c: &Client, what: &str) {
         })
         .collect();
     for (t, b) in tickets.into_iter().zip(&bufs).rev() {
-        let r = t.wait().unwrap_or_else(|e| panic!("{what}: pipelined: {e}"));
+        let r = t
+            .wait()
+            .unwrap_or_else(|e| panic!("{what}: pipelined: {e}"));
         assert_eq!(r.outputs[0].bytes(), &b[..], "{what}");
     }
     // A few MiB, twice (the second reuses the gateway's buffers).
@@ -204,12 +213,17 @@ fn an_agent_lost_and_back_is_unavailable_then_relayed_again() {
                 Err(e) if is_unavailable(&e) => {}
                 other => panic!("{kind}: connect with the agent down: {other:?}"),
             }
-            assert!(start.elapsed() < Duration::from_secs(2), "{kind}: slow refusal");
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{kind}: slow refusal"
+            );
 
             // The agent comes back: new sessions are relayed again.
             let _agent = agent_in(dir.path(), &shm_name);
-            wait_until(Duration::from_secs(10), "relayed again", || {
-                match Client::connect(&gw.uri) {
+            wait_until(
+                Duration::from_secs(10),
+                "relayed again",
+                || match Client::connect(&gw.uri) {
                     Ok(c) => {
                         common::check_identity(&c, kind);
                         true
@@ -218,8 +232,8 @@ fn an_agent_lost_and_back_is_unavailable_then_relayed_again() {
                         assert!(is_unavailable(&e), "{kind}: while the agent starts: {e}");
                         false
                     }
-                }
-            });
+                },
+            );
         }
     });
 }

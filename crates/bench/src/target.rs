@@ -451,7 +451,10 @@ fn start_tensorwire(
         (None, None) if spec.net == Net::Gateway => {
             let agent = start_native_agent(spec, Transport::Shm, workload, env)?;
             let gateway = start_gateway(spec, agent.uri(), env)?;
-            (gateway.uri().to_string(), Server::Gateway { gateway, agent })
+            (
+                gateway.uri().to_string(),
+                Server::Gateway { gateway, agent },
+            )
         }
         (None, None) => {
             let transport = match spec.net {

@@ -215,8 +215,7 @@ impl Gateway {
             let _ = w.shutdown();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(3);
-        while self.state.live.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline
-        {
+        while self.state.live.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
     }

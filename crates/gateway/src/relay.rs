@@ -269,9 +269,7 @@ impl Relay<'_> {
         r.request_id = h.request_id;
         r.model_id = model_id;
         r.desc_len = out.len() as u32;
-        self.conn
-            .send(&r, &out, &[])
-            .map_err(|_| End::Downstream)
+        self.conn.send(&r, &out, &[]).map_err(|_| End::Downstream)
     }
 
     /// One request: validate, move the payload to the upstream, submit.
@@ -323,11 +321,7 @@ impl Relay<'_> {
 
     /// `shm://` upstream: each tensor read from the socket straight into
     /// its arena allocation (padding between tensors skipped).
-    fn submit_in_arena(
-        &mut self,
-        h: &Header,
-        section: &TensorSection,
-    ) -> Result<Submitted, End> {
+    fn submit_in_arena(&mut self, h: &Header, section: &TensorSection) -> Result<Submitted, End> {
         let mut bufs = Vec::with_capacity(section.tensors.len());
         for t in &section.tensors {
             let b = loop {
@@ -430,9 +424,15 @@ enum Submitted {
 /// timeline if it came, each tensor straight from where it lies (the arena
 /// over `shm://`).
 fn send_response(conn: &StreamConn, id: u64, model_id: u32, r: &Response) -> Result<(), End> {
-    let Some((offsets, payload_len)) = layout_payload(r.outputs.iter().map(|t| t.bytes().len() as u64))
+    let Some((offsets, payload_len)) =
+        layout_payload(r.outputs.iter().map(|t| t.bytes().len() as u64))
     else {
-        return send_error(conn, id, Status::Internal, "response payload size overflows");
+        return send_error(
+            conn,
+            id,
+            Status::Internal,
+            "response payload size overflows",
+        );
     };
     let descs: Vec<TensorDesc> = r
         .outputs

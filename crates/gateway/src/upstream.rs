@@ -189,7 +189,10 @@ mod tests {
             ..zero()
         };
         let n = narrow(&asked, &cap);
-        assert_eq!((n.max_tensors, n.max_payload, n.max_in_flight), (4, 1 << 20, 0));
+        assert_eq!(
+            (n.max_tensors, n.max_payload, n.max_in_flight),
+            (4, 1 << 20, 0)
+        );
         assert_eq!(narrow(&zero(), &zero()), zero());
     }
 
