@@ -279,3 +279,78 @@ fn accept_loop(l: &Listener, state: &Arc<State>) {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use client::{Client, DType, TensorRef};
+
+    /// An in-process agent on a Unix socket, and a gateway in front of it
+    /// on another.
+    fn agent_and_gateway(dir: &std::path::Path) -> (server::Agent, Gateway) {
+        let agent = server::Agent::start(server::AgentConfig {
+            listen: vec![Endpoint::Unix(dir.join("agent.sock"))],
+            ..server::AgentConfig::default()
+        })
+        .expect("agent");
+        let up = format!("unix://{}", dir.join("agent.sock").display());
+        let gw = Gateway::start(
+            &[Endpoint::Unix(dir.join("gw.sock"))],
+            &up,
+            GatewayOptions::default(),
+        )
+        .expect("gateway");
+        (agent, gw)
+    }
+
+    #[test]
+    fn relays_a_session_and_closes_it_at_shutdown() {
+        let dir = tempfile_dir();
+        let (agent, gw) = agent_and_gateway(&dir);
+        let uri = gw.endpoints()[0].to_string();
+        let c = Client::connect(&uri).expect("client through the gateway");
+        let m = c.model("identity").expect("identity");
+        let x = [1u8, 2, 3, 4, 5];
+        let r = m
+            .infer(&[TensorRef::new(DType::U8, &[5], &x).expect("tensor")])
+            .expect("identity through the gateway");
+        assert_eq!(r.outputs[0].bytes(), &x);
+        assert_eq!(gw.connections(), 1);
+        gw.shutdown();
+        assert!(c.ping().is_err(), "the session outlived the gateway");
+        agent.shutdown(Duration::from_secs(1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_session_is_refused_unavailable_while_the_agent_is_down() {
+        let dir = tempfile_dir();
+        let up = format!("unix://{}", dir.join("none.sock").display());
+        let gw = Gateway::start(
+            &[Endpoint::Unix(dir.join("gw.sock"))],
+            &up,
+            GatewayOptions::default(),
+        )
+        .expect("gateway");
+        match Client::connect(&gw.endpoints()[0].to_string()) {
+            Err(client::ClientError::Remote { status, .. }) => {
+                assert_eq!(status, Status::Unavailable)
+            }
+            other => panic!("expected unavailable, got {other:?}"),
+        }
+        gw.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        use std::sync::atomic::AtomicU64;
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "tw-gw-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&d).expect("temporary directory");
+        d
+    }
+}
