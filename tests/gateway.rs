@@ -29,8 +29,14 @@ struct GatewayProcess {
 
 impl GatewayProcess {
     fn spawn(upstream: &str) -> GatewayProcess {
+        GatewayProcess::spawn_with(upstream, &["--listen", "tcp://127.0.0.1:0"])
+    }
+
+    fn spawn_with(upstream: &str, args: &[&str]) -> GatewayProcess {
         let mut child = tensorwire_command()
-            .args(["gateway", "--listen", "tcp://127.0.0.1:0", "--upstream"])
+            .arg("gateway")
+            .args(args)
+            .arg("--upstream")
             .arg(upstream)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -315,5 +321,52 @@ fn malformed_bytes_end_only_their_own_session() {
         // The well-behaved client never noticed.
         common::check_identity(&good, "after");
         drop(p);
+    });
+}
+
+/// A self-signed certificate for 127.0.0.1: (dir holding them, cert, key).
+fn self_signed() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("params");
+    let cert = params.self_signed(&key).expect("certificate");
+    let c = dir.path().join("gw.pem");
+    let k = dir.path().join("gw.key");
+    std::fs::write(&c, cert.pem()).expect("write certificate");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    let s = |p: &Path| p.to_str().expect("UTF-8 path").to_string();
+    (dir, s(&c), s(&k))
+}
+
+#[test]
+fn a_tls_listener_relays_to_an_shm_agent() {
+    within(Duration::from_secs(120), "gateway over tls", || {
+        shm_dir();
+        let dir = tempfile::tempdir().expect("tmp");
+        let agent = agent_in(dir.path(), &fresh_shm_name());
+        let (_certs, cert, key) = self_signed();
+        let gw = GatewayProcess::spawn_with(
+            &agent.uris[1],
+            &[
+                "--listen",
+                "tls://127.0.0.1:0",
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+            ],
+        );
+        assert!(gw.uri.starts_with("tls://127.0.0.1:"), "{}", gw.uri);
+        let uri = format!("{}?ca={cert}", gw.uri);
+        let c = Client::connect(&uri).unwrap_or_else(|e| panic!("{uri}: {e}"));
+        common::check_identity(&c, "tls -> gateway -> shm");
+        let big = pattern(3 << 20, 11);
+        let r = c
+            .model("identity")
+            .expect("identity")
+            .infer(&[TensorRef::new(DType::U8, &[big.len() as u64], &big).expect("tensor")])
+            .expect("3 MiB over tls");
+        assert!(r.outputs[0].bytes() == &big[..]);
     });
 }

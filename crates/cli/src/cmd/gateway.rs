@@ -1,4 +1,4 @@
-//! `tensorwire gateway`: relay native sessions accepted on tcp/unix
+//! `tensorwire gateway`: relay native sessions accepted on tcp/tls/unix
 //! listeners to an agent over shm or unix, until SIGINT or SIGTERM. The
 //! relaying itself is the `gateway` crate's.
 
@@ -7,13 +7,14 @@ use gateway::{Gateway, GatewayOptions};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use transport::Endpoint;
+use transport::{Endpoint, Listener};
 
 /// Arguments of `gateway`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// An endpoint to accept clients on: tcp://host:port[?nodelay=0] or
-    /// unix:///path (repeatable).
+    /// An endpoint to accept clients on: tcp://host:port[?nodelay=0],
+    /// tls://host:port (with --tls-cert/--tls-key) or unix:///path
+    /// (repeatable).
     #[arg(long = "listen", value_name = "URI", required = true)]
     listen: Vec<String>,
     /// The agent to relay to: shm://name, unix:///path (or tcp://, tls://).
@@ -23,6 +24,17 @@ pub struct Args {
     /// tensors then cross the network in clear text.
     #[arg(long)]
     insecure: bool,
+    /// PEM certificate chain of tls:// listeners.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<std::path::PathBuf>,
+    /// PEM CA that tls:// clients' certificates must be signed by (mutual
+    /// TLS). The gateway checks them; the agent sees the client's token,
+    /// not its certificate.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<std::path::PathBuf>,
     /// Largest request payload offered to clients, in bytes (default: the
     /// agent's).
     #[arg(long)]
@@ -66,14 +78,37 @@ pub fn run(a: Args) -> Result<(), CmdError> {
                     .into());
                 }
             }
-            Endpoint::Unix(_) => {}
+            Endpoint::Unix(_) | Endpoint::Tls { .. } => {}
             other => {
                 return Err(format!(
-                    "the gateway listens on tcp:// and unix:// endpoints, not {other}"
+                    "the gateway listens on tcp://, tls:// and unix:// endpoints, not {other}"
                 )
                 .into())
             }
         }
+    }
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(transport::tls::server_config(
+            &transport::tls::ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: a.tls_client_ca.clone(),
+            },
+        )?),
+        (None, None) if a.tls_client_ca.is_none() => None,
+        _ => {
+            return Err("--tls-cert and --tls-key go together (--tls-client-ca needs them)".into())
+        }
+    };
+    let mut listeners = Vec::with_capacity(listen.len());
+    for ep in &listen {
+        listeners.push(match (ep, &tls) {
+            (Endpoint::Tls { .. }, Some(config)) => Listener::bind_tls(ep, config.clone())?,
+            (Endpoint::Tls { .. }, None) => {
+                return Err(format!("{ep} needs --tls-cert FILE --tls-key FILE").into())
+            }
+            _ => Listener::bind(ep)?,
+        });
     }
     let up = Endpoint::parse(&a.upstream)?;
     if matches!(up, Endpoint::Inproc(_)) {
@@ -94,7 +129,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
-    let gw = Gateway::start(&listen, &up.to_string(), opts)?;
+    let gw = Gateway::start_on(listeners, &up.to_string(), opts)?;
     for ep in gw.endpoints() {
         // One line per endpoint on stdout, so scripts can wait for readiness.
         println!("listening on {ep}");
