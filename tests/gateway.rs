@@ -370,3 +370,19 @@ fn a_tls_listener_relays_to_an_shm_agent() {
         assert!(r.outputs[0].bytes() == &big[..]);
     });
 }
+
+#[test]
+fn clear_text_beyond_loopback_needs_insecure() {
+    let (status, _, err) = common::run_bin(
+        &[
+            "gateway",
+            "--listen",
+            "tcp://0.0.0.0:0",
+            "--upstream",
+            "unix:///nonexistent/agent.sock",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!status.success());
+    assert!(err.contains("--insecure"), "{err}");
+}
