@@ -334,6 +334,18 @@ impl RunningTarget {
         }
     }
 
+    /// Every separate server process: the gateway target's gateway and
+    /// agent, else [`server_pid`](Self::server_pid)'s one (CPU per request
+    /// counts them all; placement pins them all to the server CPU).
+    pub fn server_pids(&self) -> Vec<u32> {
+        match &self.server {
+            Server::Gateway { gateway, agent } => {
+                std::iter::once(gateway.pid()).chain(agent.pid()).collect()
+            }
+            _ => self.server_pid().into_iter().collect(),
+        }
+    }
+
     /// Stops the server (SIGTERM and wait, for child processes).
     pub fn stop(self) -> Result<(), BenchError> {
         match self.server {
@@ -363,10 +375,12 @@ pub fn start(
     env: &BenchEnv,
 ) -> Result<RunningTarget, BenchError> {
     let t = start_unpinned(spec, workload, env)?;
-    if let (Some(p), Some(pid)) = (env.placement, t.server_pid()) {
-        if let Err(e) = pin_process(pid, p.server_cpu) {
-            let _ = t.stop();
-            return Err(e);
+    if let Some(p) = env.placement {
+        for pid in t.server_pids() {
+            if let Err(e) = pin_process(pid, p.server_cpu) {
+                let _ = t.stop();
+                return Err(e);
+            }
         }
     }
     Ok(t)
