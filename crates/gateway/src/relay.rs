@@ -225,6 +225,10 @@ impl Relay<'_> {
     fn refuse_client(&mut self, id: u64, e: &ClientError) -> Result<(), End> {
         let (status, msg) = status_of(e);
         if status == Status::Unavailable {
+            // This request's own answer first, then the others' and the
+            // session's (`fail_all`).
+            let own = format!("the gateway lost its agent: {msg}");
+            send_error(&self.conn, id, status, &own)?;
             return Err(End::Upstream(msg));
         }
         send_error(&self.conn, id, status, &msg)
