@@ -71,7 +71,7 @@ pub fn run(
             Net::Unix => Transport::Unix,
             Net::Tcp { nodelay } => Transport::Tcp { nodelay: *nodelay },
             // The classifier compare runs the native client only.
-            Net::None | Net::Grpc | Net::Http => continue,
+            Net::None | Net::Grpc | Net::Http | Net::Gateway => continue,
         };
         configs.push((
             net.name().to_string(),

@@ -74,8 +74,16 @@ pub fn measure_once(
     let sys0 = resources::SystemCpu::snapshot()?;
     let own0 = resources::self_cpu_ns();
     let reaped0 = resources::reaped_children_cpu_ns()?;
-    let pid = target.server_pid();
-    let srv0 = pid.and_then(|p| resources::process_cpu_ns(p).ok());
+    let pids = target.server_pids();
+    let server_cpu = || -> Option<u64> {
+        if pids.is_empty() {
+            return None;
+        }
+        pids.iter()
+            .map(|&p| resources::process_cpu_ns(p).ok())
+            .sum::<Option<u64>>()
+    };
+    let srv0 = server_cpu();
     let t0 = Instant::now();
     let (r, calls) = match &target.factory {
         Some(f) => {
@@ -90,16 +98,14 @@ pub fn measure_once(
     // This process, plus any child reaped meanwhile (the raw floor's echo).
     let own = resources::self_cpu_ns().saturating_sub(own0)
         + resources::reaped_children_cpu_ns()?.saturating_sub(reaped0);
-    let srv = match (pid, srv0) {
-        (Some(p), Some(before)) => resources::process_cpu_ns(p)
-            .ok()
-            .map(|after| after.saturating_sub(before)),
-        _ => None,
+    let srv = match srv0 {
+        Some(before) => server_cpu().map(|after| after.saturating_sub(before)),
+        None => None,
     };
     let sys1 = resources::SystemCpu::snapshot()?;
     let ours = own + srv.unwrap_or(0);
     let per = |ns: u64| (calls > 0).then(|| ns as f64 / 1e3 / calls as f64);
-    let cpu_known = pid.is_none() || srv.is_some();
+    let cpu_known = pids.is_empty() || srv.is_some();
     Ok(Repeat {
         throughput_rps: r.throughput_rps,
         completed: r.completed,

@@ -17,6 +17,10 @@
 //!   TCP loopback), called by the same tonic client as the gRPC peer or by
 //!   a hyper HTTP/1.1 client with the binary tensor data extension
 //!   ([`crate::kserve_http`]);
+//! - `tensorwire` through the gateway, `gateway`: a `tensorwire serve`
+//!   child on `shm://` and a `tensorwire gateway` child relaying a tcp
+//!   loopback listener to it; the client connects to the gateway over tcp
+//!   (compare with `tcp`, the same client straight to an agent);
 //! - `grpc`, `ttrpc`: the peers, a `tensorwire peer-serve` child process
 //!   serving the *same* engine and model over tonic (KServe v2 `ModelInfer`)
 //!   or ttrpc, so only the RPC path differs.
@@ -108,6 +112,9 @@ pub enum Net {
     /// The agent's KServe v2 HTTP/REST front door (`http://`, TCP
     /// loopback), binary tensor data extension.
     Http,
+    /// Through a `tensorwire gateway`: client → tcp loopback → gateway →
+    /// `shm://` → agent.
+    Gateway,
 }
 
 impl Net {
@@ -122,6 +129,7 @@ impl Net {
             Net::Tcp { nodelay: false } => "tcp?nodelay=0",
             Net::Grpc => "grpc",
             Net::Http => "http",
+            Net::Gateway => "gateway",
         }
     }
 
@@ -202,10 +210,12 @@ pub fn parse_transports(list: &str) -> Result<Vec<Net>, BenchError> {
             "tcp?nodelay=0" => Net::Tcp { nodelay: false },
             "grpc" | "grpc://" => Net::Grpc,
             "http" | "http://" => Net::Http,
+            "gateway" => Net::Gateway,
             other => {
                 return Err(BenchError::new(format!(
                     "--transports: unknown transport '{other}' \
-                     (available: local, inproc, shm, unix, tcp, tcp?nodelay=0, grpc, http)"
+                     (available: local, inproc, shm, unix, tcp, tcp?nodelay=0, grpc, http, \
+                     gateway)"
                 )))
             }
         };
@@ -287,6 +297,13 @@ enum Server {
     /// A child process printing `listening on URI`: a peer, or an agent
     /// behind a front door.
     Child(AgentProcess),
+    /// A `tensorwire gateway` child and the agent it relays to.
+    Gateway {
+        /// The gateway.
+        gateway: AgentProcess,
+        /// The agent behind it.
+        agent: RunningAgent,
+    },
 }
 
 /// A started target.
@@ -318,6 +335,19 @@ impl RunningTarget {
             Server::None => None,
             Server::Agent(a) => a.pid(),
             Server::Child(p) => Some(p.pid()),
+            Server::Gateway { gateway, .. } => Some(gateway.pid()),
+        }
+    }
+
+    /// Every separate server process: the gateway target's gateway and
+    /// agent, else [`server_pid`](Self::server_pid)'s one (CPU per request
+    /// counts them all; placement pins them all to the server CPU).
+    pub fn server_pids(&self) -> Vec<u32> {
+        match &self.server {
+            Server::Gateway { gateway, agent } => {
+                std::iter::once(gateway.pid()).chain(agent.pid()).collect()
+            }
+            _ => self.server_pid().into_iter().collect(),
         }
     }
 
@@ -329,6 +359,15 @@ impl RunningTarget {
             Server::Child(p) => p
                 .stop(classifier::agents::STOP_TIMEOUT)
                 .map_err(|e| BenchError::new(e.to_string())),
+            Server::Gateway { gateway, agent } => {
+                let g = gateway
+                    .stop(classifier::agents::STOP_TIMEOUT)
+                    .map_err(|e| BenchError::new(e.to_string()));
+                agent
+                    .stop()
+                    .map_err(|e| BenchError::new(e.to_string()))
+                    .and(g)
+            }
         }
     }
 }
@@ -341,10 +380,12 @@ pub fn start(
     env: &BenchEnv,
 ) -> Result<RunningTarget, BenchError> {
     let t = start_unpinned(spec, workload, env)?;
-    if let (Some(p), Some(pid)) = (env.placement, t.server_pid()) {
-        if let Err(e) = pin_process(pid, p.server_cpu) {
-            let _ = t.stop();
-            return Err(e);
+    if let Some(p) = env.placement {
+        for pid in t.server_pids() {
+            if let Err(e) = pin_process(pid, p.server_cpu) {
+                let _ = t.stop();
+                return Err(e);
+            }
         }
     }
     Ok(t)
@@ -426,24 +467,25 @@ fn start_tensorwire(
             stats_uri = Some(stats);
             (proc.uri().to_string(), Server::Child(proc))
         }
+        (None, None) if spec.net == Net::Gateway => {
+            let agent = start_native_agent(spec, Transport::Shm, workload, env)?;
+            let gateway = start_gateway(spec, agent.uri(), env)?;
+            (
+                gateway.uri().to_string(),
+                Server::Gateway { gateway, agent },
+            )
+        }
         (None, None) => {
             let transport = match spec.net {
                 Net::Inproc => Transport::Inproc,
                 Net::Shm => Transport::Shm,
                 Net::Unix => Transport::Unix,
                 Net::Tcp { nodelay } => Transport::Tcp { nodelay },
-                Net::None | Net::Grpc | Net::Http => {
+                Net::None | Net::Grpc | Net::Http | Net::Gateway => {
                     return Err(BenchError::new("tensorwire needs a native transport here"))
                 }
             };
-            let agent = match workload {
-                // The identity model is always served: no model to load.
-                Workload::Identity { .. } => start_identity_agent(&spec.label(), transport, env)?,
-                Workload::Model { .. } => {
-                    RunningAgent::start(&spec.label(), transport, &agent_spec(workload, env))
-                        .map_err(|e| BenchError::new(e.to_string()))?
-                }
-            };
+            let agent = start_native_agent(spec, transport, workload, env)?;
             (agent.uri().to_string(), Server::Agent(agent))
         }
     };
@@ -482,6 +524,59 @@ fn start_tensorwire(
         stats_uri,
         server,
     })
+}
+
+/// An agent on `transport` serving the workload's model (none to load for
+/// the identity model).
+fn start_native_agent(
+    spec: &TargetSpec,
+    transport: Transport,
+    workload: &Workload,
+    env: &BenchEnv,
+) -> Result<RunningAgent, BenchError> {
+    match workload {
+        // The identity model is always served: no model to load.
+        Workload::Identity { .. } => start_identity_agent(&spec.label(), transport, env),
+        Workload::Model { .. } => {
+            RunningAgent::start(&spec.label(), transport, &agent_spec(workload, env))
+                .map_err(|e| BenchError::new(e.to_string()))
+        }
+    }
+}
+
+/// A `tensorwire gateway` child listening on a tcp loopback port and
+/// relaying to `upstream` (its polling budgets set like the agents' when
+/// `--spin-us` is given).
+fn start_gateway(
+    spec: &TargetSpec,
+    upstream: &str,
+    env: &BenchEnv,
+) -> Result<AgentProcess, BenchError> {
+    let dir = tempfile::Builder::new()
+        .prefix("tw-gateway-")
+        .tempdir()
+        .map_err(|e| BenchError::new(format!("temporary directory: {e}")))?;
+    let mut args: Vec<OsString> = vec![
+        "gateway".into(),
+        "--listen".into(),
+        "tcp://127.0.0.1:0".into(),
+        "--upstream".into(),
+        upstream.into(),
+    ];
+    if let Some(spin) = env.spin {
+        for flag in ["--spin-us", "--upstream-spin-us"] {
+            args.push(flag.into());
+            args.push(spin.as_micros().to_string().into());
+        }
+    }
+    AgentProcess::spawn(
+        &format!("{} (gateway)", spec.label()),
+        &env.exe,
+        &args,
+        dir,
+        classifier::agents::START_TIMEOUT,
+    )
+    .map_err(|e| BenchError::new(e.to_string()))
 }
 
 /// A `tensorwire serve` child for a batching target: the native `--listen`

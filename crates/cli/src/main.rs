@@ -18,6 +18,9 @@ struct Cli {
 enum Command {
     /// Run an agent: load models once, listen on one or more endpoints.
     Serve(Box<cmd::serve::Args>),
+    /// Relay native sessions from tcp/unix clients to an agent over shm or
+    /// unix.
+    Gateway(cmd::gateway::Args),
     /// Run a model once on tensors from .npy files.
     Infer(cmd::infer::Args),
     /// List the models an agent serves, with their signatures.
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(*a),
+        Command::Gateway(a) => cmd::gateway::run(a),
         Command::Infer(a) => cmd::infer::run(a),
         Command::Models(a) => cmd::models::run(a),
         Command::Ping(a) => cmd::ping::run(a),

@@ -442,6 +442,78 @@ impl Client {
         })
     }
 
+    /// A handle on the model with id `id` on this session, without looking
+    /// it up: its signature is empty, so its requests are not checked here
+    /// (the agent checks them, and answers `unknown-model` for an id it
+    /// does not know). For relays that forward requests whose model ids
+    /// their own clients resolved on this session (the gateway); anyone
+    /// else should use [`Client::model`].
+    pub fn model_by_id(&self, id: u32) -> Model {
+        Model {
+            client: self.clone(),
+            info: ModelInfo {
+                id,
+                signature: ModelSignature {
+                    name: String::new(),
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                },
+            },
+            priority: 0,
+            timeout_us: 0,
+        }
+    }
+
+    /// Sends a Request that is already encoded for a stream transport —
+    /// its header `h`, descriptor section `desc` and whole `payload` (the
+    /// tensors at their offsets, padding included) — as one write, with
+    /// `h.request_id` replaced by one of this session's ids. For relays (the
+    /// gateway) that forward a request without re-encoding it: the caller
+    /// has validated the descriptors (the agent validates them again).
+    /// Only on `unix://`, `tcp://` and `tls://` sessions; over `shm://`
+    /// tensors travel in the arena ([`Client::alloc_tensor`]).
+    pub fn submit_encoded(
+        &self,
+        h: &Header,
+        desc: &[u8],
+        payload: &[u8],
+    ) -> Result<Ticket, ClientError> {
+        let inner = &self.inner;
+        if !matches!(inner.link, Link::Stream(_)) {
+            return Err(ClientError::InvalidInput(
+                "submit_encoded needs a socket session (unix://, tcp://, tls://)".into(),
+            ));
+        }
+        if h.kind != Kind::Request
+            || payload.len() as u64 != h.payload_len
+            || desc.len() != h.desc_len as usize
+        {
+            return Err(ClientError::InvalidInput(
+                "not a Request, or its lengths do not match its header".into(),
+            ));
+        }
+        h.check_limits(&inner.limits)
+            .map_err(|e| ClientError::LimitExceeded(e.to_string()))?;
+        let timed = h.flags & flags::WANT_TIMELINE != 0;
+        let start_ns = stamp_if(timed);
+        let mut h = *h;
+        h.request_id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        inner.send(&h, desc, &[payload])?;
+        inner.stats.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(Ticket {
+            client: self.clone(),
+            sent: Sent {
+                id: h.request_id,
+                timed,
+                start_ns,
+                sent_ns: stamp_if(timed),
+                pins: Vec::new(),
+                mover: None,
+            },
+            waited: false,
+        })
+    }
+
     /// Lists every model the agent serves.
     pub fn models(&self) -> Result<Vec<ModelInfo>, ClientError> {
         let f = self.inner.roundtrip(Header::new(Kind::ListModels), &[])?;
@@ -601,6 +673,17 @@ impl Model {
     /// session's arena once.
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
         let sent = self.send_request(inputs, self.client.inner.opts.want_timeline, false)?;
+        Ok(Ticket {
+            client: self.client.clone(),
+            sent,
+            waited: false,
+        })
+    }
+
+    /// Like [`submit`](Self::submit), asking for this request's timeline
+    /// whatever [`ClientOptions::want_timeline`] says.
+    pub fn submit_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
+        let sent = self.send_request(inputs, true, false)?;
         Ok(Ticket {
             client: self.client.clone(),
             sent,

@@ -1109,7 +1109,7 @@ fn error_status(reply: &Reply) -> Status {
         W::InvalidInput | W::Malformed => Status::invalid_argument(message),
         W::LimitExceeded | W::TooManyInFlight => Status::resource_exhausted(message),
         // A full queue is worth retrying (Triton answers UNAVAILABLE too).
-        W::ShuttingDown | W::Overloaded => Status::unavailable(message),
+        W::ShuttingDown | W::Overloaded | W::Unavailable => Status::unavailable(message),
         W::Timeout => Status::deadline_exceeded(message),
         W::PermissionDenied => Status::permission_denied(message),
         _ => Status::internal(message),

@@ -40,6 +40,10 @@ pub enum Status {
     /// The session's tenant may not do this: call or see this model, or
     /// connect with this token (see the agent's tenants file).
     PermissionDenied = 14,
+    /// The agent behind a gateway cannot be reached (down, restarting, or
+    /// not answering): the request was not computed, or its answer was
+    /// lost with the upstream session. Retry later, on a new session.
+    Unavailable = 15,
 }
 
 impl Status {
@@ -62,6 +66,7 @@ impl Status {
             Timeout,
             Overloaded,
             PermissionDenied,
+            Unavailable,
         ]
         .get(code as usize)
         .copied()
@@ -90,6 +95,7 @@ impl Status {
             Status::Timeout => "timeout",
             Status::Overloaded => "overloaded",
             Status::PermissionDenied => "permission-denied",
+            Status::Unavailable => "unavailable",
         }
     }
 }
@@ -182,9 +188,9 @@ mod tests {
 
     #[test]
     fn status_codes_round_trip() {
-        for c in 0..15 {
+        for c in 0..16 {
             assert_eq!(Status::from_code(c).unwrap().code(), c);
         }
-        assert!(Status::from_code(15).is_none());
+        assert!(Status::from_code(16).is_none());
     }
 }

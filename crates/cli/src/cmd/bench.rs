@@ -52,7 +52,8 @@ pub struct Args {
     /// Transports to start an agent on: local (engine called directly, no
     /// transport), inproc, shm, unix, tcp, tcp?nodelay=0, and the agent's
     /// KServe v2 front doors grpc and http (on TCP loopback; called by a
-    /// tonic and a hyper client, binary tensors).
+    /// tonic and a hyper client, binary tensors), and gateway (the client
+    /// over tcp to a `tensorwire gateway` relaying to an agent on shm).
     #[arg(long, default_value = "local,inproc,shm,unix,tcp")]
     transports: String,
     /// Baselines measured in the same run: raw (bare socket / shared-page

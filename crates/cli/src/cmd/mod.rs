@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod calibrate;
 pub mod classify;
+pub mod gateway;
 pub mod hold;
 pub mod infer;
 pub mod models;
