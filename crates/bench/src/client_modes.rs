@@ -11,9 +11,9 @@
 //!   calling `infer` (how one gets concurrency without async);
 //! - `pipelined`: one thread, one connection, a window of tickets
 //!   (`Model::submit`, then `Ticket::wait` on the oldest);
-//! - `callback`: one thread, one connection; each response is delivered
-//!   by `Ticket::on_complete` on the session's completion thread, which
-//!   hands it back over a channel, and the thread submits the next;
+//! - `callback`: one connection, continuation style: each response is
+//!   delivered by `Ticket::on_complete` on the session's completion
+//!   thread, and its callback submits the next request there;
 //! - `future`: [`DEPTH`] tasks on a current-thread tokio runtime, one
 //!   connection, each `submit(..).await` in a loop.
 //!
@@ -34,7 +34,8 @@ use client::{Client, ClientError, DType, Model, TensorRef};
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The suite's name in rows.
@@ -301,31 +302,40 @@ fn measure(uri: &str, w: &Work, mode: Mode, duration: Duration) -> Result<Measur
             }
         }
         Mode::Callback => {
+            // Continuation style: each callback records its request and
+            // submits the next one, on the completion thread; this thread
+            // only waits for the last to finish.
+            let chain = Arc::new(Chain {
+                model: m.clone(),
+                shape: w.shape.clone(),
+                bytes: w.bytes.clone(),
+                end,
+                out: Mutex::new(Measured {
+                    latency: LatencyHist::new(),
+                    completed: 0,
+                    errors: 0,
+                    elapsed: Duration::ZERO,
+                }),
+                running: AtomicUsize::new(DEPTH),
+                finished: Mutex::new(None),
+            });
             let (tx, rx) = mpsc::channel();
-            let submit = |m: &Model| -> Result<(), BenchError> {
-                let tx = tx.clone();
-                let sent = Instant::now();
-                m.submit(&[x])
-                    .map_err(err)?
-                    .on_complete(move |r| drop(tx.send((sent, r.map(drop)))));
-                Ok(())
-            };
-            let mut in_flight = 0;
+            *lock(&chain.finished) = Some(tx);
             for _ in 0..DEPTH {
-                submit(&m)?;
-                in_flight += 1;
+                Chain::next(&chain);
             }
-            while in_flight > 0 {
-                let (sent, r) = rx
-                    .recv_timeout(Duration::from_secs(30))
-                    .map_err(|_| BenchError::new("a callback did not run within 30 s"))?;
-                in_flight -= 1;
-                done(r, sent, &mut out);
-                if Instant::now() < end {
-                    submit(&m)?;
-                    in_flight += 1;
-                }
-            }
+            rx.recv_timeout(duration + Duration::from_secs(30))
+                .map_err(|_| BenchError::new("the callbacks did not finish within 30 s"))?;
+            let m = std::mem::replace(
+                &mut *lock(&chain.out),
+                Measured {
+                    latency: LatencyHist::new(),
+                    completed: 0,
+                    errors: 0,
+                    elapsed: Duration::ZERO,
+                },
+            );
+            out = m;
         }
         Mode::Future => {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -377,6 +387,67 @@ fn measure(uri: &str, w: &Work, mode: Mode, duration: Duration) -> Result<Measur
     }
     out.elapsed = t0.elapsed();
     Ok(out)
+}
+
+/// The callback mode's state: every chain of requests shares it.
+struct Chain {
+    model: Model,
+    shape: Vec<u64>,
+    bytes: Vec<u8>,
+    end: Instant,
+    out: Mutex<Measured>,
+    /// Chains still running; the last to stop signals `finished`.
+    running: AtomicUsize,
+    finished: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+impl Chain {
+    /// Submits the next request of a chain; its callback records it and
+    /// submits the one after, until the measurement's end.
+    fn next(chain: &Arc<Chain>) {
+        if Instant::now() >= chain.end {
+            if chain.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                if let Some(tx) = lock(&chain.finished).take() {
+                    let _ = tx.send(());
+                }
+            }
+            return;
+        }
+        let sent = Instant::now();
+        let submitted = TensorRef::new(DType::F32, &chain.shape, &chain.bytes)
+            .and_then(|x| chain.model.submit(&[x]));
+        match submitted {
+            Ok(t) => {
+                let c = chain.clone();
+                t.on_complete(move |r| {
+                    {
+                        let mut o = lock(&c.out);
+                        match r {
+                            Ok(_) => {
+                                o.latency.record(sent.elapsed().as_nanos() as u64);
+                                o.completed += 1;
+                            }
+                            Err(_) => o.errors += 1,
+                        }
+                    }
+                    Chain::next(&c);
+                });
+            }
+            Err(_) => {
+                lock(&chain.out).errors += 1;
+                // Give up this chain: a failing submit would spin.
+                if chain.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    if let Some(tx) = lock(&chain.finished).take() {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn make_row(net: &str, w: &Work, mode: Mode, reps: &[Measured]) -> Row {
