@@ -33,6 +33,16 @@ impl GatewayProcess {
     }
 
     fn spawn_with(upstream: &str, args: &[&str]) -> GatewayProcess {
+        GatewayProcess::spawn_listening(upstream, args, 1).0
+    }
+
+    /// Starts the gateway and waits for its first `lines` `listening on`
+    /// lines; returns their URIs too.
+    fn spawn_listening(
+        upstream: &str,
+        args: &[&str],
+        lines: usize,
+    ) -> (GatewayProcess, Vec<String>) {
         let mut child = tensorwire_command()
             .arg("gateway")
             .args(args)
@@ -52,15 +62,19 @@ impl GatewayProcess {
                 }
             }
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the gateway prints `listening on URI`");
-        let uri = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .trim()
-            .to_string();
-        GatewayProcess { child, uri }
+        let uris: Vec<String> = (0..lines)
+            .map(|_| {
+                let line = rx
+                    .recv_timeout(Duration::from_secs(30))
+                    .expect("the gateway prints `listening on URI`");
+                line.strip_prefix("listening on ")
+                    .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+                    .trim()
+                    .to_string()
+            })
+            .collect();
+        let uri = uris[0].clone();
+        (GatewayProcess { child, uri }, uris)
     }
 }
 
@@ -385,4 +399,158 @@ fn clear_text_beyond_loopback_needs_insecure() {
     );
     assert!(!status.success());
     assert!(err.contains("--insecure"), "{err}");
+}
+
+/// A bare HTTP/1.1 request (`Connection: close`); returns the status and
+/// the body.
+fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the http door");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    s.write_all(body).expect("write");
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let text = String::from_utf8_lossy(&all).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// KServe v2 clients through the gateway: the agent's front doors run in
+/// the gateway over its models (HTTP JSON and gRPC raw tensors, health,
+/// metadata), and an agent that goes away gives 503 / UNAVAILABLE, then
+/// the doors reconnect when it is back.
+#[test]
+fn kserve_clients_are_translated_to_native() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shm = fresh_shm_name();
+    let mut agent = agent_in(dir.path(), &shm);
+    let upstream = agent.uris[1].clone();
+    let (_gw, uris) = GatewayProcess::spawn_listening(
+        &upstream,
+        &[
+            "--listen",
+            "http://127.0.0.1:0",
+            "--listen",
+            "grpc://127.0.0.1:0",
+        ],
+        2,
+    );
+    let http_addr = uris
+        .iter()
+        .find_map(|u| u.strip_prefix("http://"))
+        .expect("an http door")
+        .to_string();
+    let grpc_uri = uris
+        .iter()
+        .find(|u| u.starts_with("grpc://"))
+        .expect("a grpc door")
+        .clone();
+    let (status, _) = http(&http_addr, "GET", "/v2/health/ready", b"");
+    assert_eq!(status, 200);
+    let (status, meta) = http(&http_addr, "GET", "/v2/models/digits", b"");
+    assert_eq!(status, 200, "{meta}");
+    assert!(meta.contains("\"logits\""), "{meta}");
+    // digits over JSON, checked against the reference.
+    let x: Vec<f32> = digits_input()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let req = serde_json::json!({
+        "inputs": [{"name": "x", "shape": [4, 64], "datatype": "FP32", "data": x}]
+    });
+    let (status, body) = http(
+        &http_addr,
+        "POST",
+        "/v2/models/digits/infer",
+        req.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let got: Vec<f64> = v["outputs"][0]["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d.as_f64().expect("number"))
+        .collect();
+    for (g, e) in got.iter().zip(digits_expected()) {
+        assert!((*g as f32 - e).abs() < 1e-4, "logits {got:?}");
+    }
+    // gRPC with raw tensors, identity: the bytes come back.
+    {
+        use frontend::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+        use frontend::proto::model_infer_request::InferInputTensor;
+        use frontend::proto::ModelInferRequest;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let addr = grpc_uri.trim_start_matches("grpc://").to_string();
+        let mut c = rt
+            .block_on(GrpcInferenceServiceClient::connect(format!(
+                "http://{addr}"
+            )))
+            .expect("connect to the grpc door");
+        let bytes = pattern(4096, 3);
+        let req = ModelInferRequest {
+            model_name: "identity".into(),
+            inputs: vec![InferInputTensor {
+                name: "a".into(),
+                datatype: "UINT8".into(),
+                shape: vec![4096],
+                ..Default::default()
+            }],
+            raw_input_contents: vec![bytes.clone().into()],
+            ..Default::default()
+        };
+        let r = rt
+            .block_on(c.model_infer(req))
+            .expect("ModelInfer through the gateway")
+            .into_inner();
+        assert_eq!(r.raw_output_contents[0].as_ref(), &bytes[..]);
+    }
+    // The agent goes away: 503, promptly.
+    agent.signal(libc::SIGKILL);
+    let _ = agent.wait_exit(Duration::from_secs(10));
+    let t0 = Instant::now();
+    let (status, body) = http(
+        &http_addr,
+        "POST",
+        "/v2/models/digits/infer",
+        req.to_string().as_bytes(),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("unavailable"), "{body}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    // Back on the same shm name: the doors reconnect.
+    let _agent = agent_in(dir.path(), &shm);
+    wait_until(
+        Duration::from_secs(20),
+        "the doors reach the agent again",
+        || {
+            http(
+                &http_addr,
+                "POST",
+                "/v2/models/digits/infer",
+                req.to_string().as_bytes(),
+            )
+            .0 == 200
+        },
+    );
 }

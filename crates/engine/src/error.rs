@@ -28,4 +28,8 @@ pub enum EngineError {
     /// Memory for outputs could not be allocated.
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// The model runs elsewhere (a gateway's remote model) and that agent
+    /// cannot be reached now: retrying later may succeed.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }

@@ -17,6 +17,10 @@
 //! When the agent is down or restarting, clients get `unavailable`
 //! promptly, and sessions opened after it is back are relayed again.
 //!
+//! KServe v2 clients (`http://`, `grpc://` and their TLS forms) are served
+//! by the agent's own front doors running in the gateway over remote
+//! models ([`kserve`]): decoded once, sent on as native requests.
+//!
 //! ```no_run
 //! use gateway::{Gateway, GatewayOptions};
 //! use transport::Endpoint;
@@ -30,6 +34,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod kserve;
 pub mod relay;
 pub mod upstream;
 

@@ -843,6 +843,7 @@ impl AgentCore {
             Ok(Err(e)) => {
                 let status = match e {
                     engine::EngineError::InvalidInput(_) => Status::InvalidInput,
+                    engine::EngineError::Unavailable(_) => Status::Unavailable,
                     _ => Status::EngineError,
                 };
                 Err(self.fail(Reply::error(p.request_id, status, &e.to_string())))

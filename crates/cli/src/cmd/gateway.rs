@@ -1,5 +1,6 @@
 //! `tensorwire gateway`: relay native sessions accepted on tcp/tls/unix
-//! listeners to an agent over shm or unix, until SIGINT or SIGTERM. The
+//! listeners, and KServe v2 requests on http/grpc (and https/grpcs)
+//! listeners, to an agent over shm or unix, until SIGINT or SIGTERM. The
 //! relaying itself is the `gateway` crate's.
 
 use super::CmdError;
@@ -13,8 +14,9 @@ use transport::{Endpoint, Listener};
 #[derive(clap::Args)]
 pub struct Args {
     /// An endpoint to accept clients on: tcp://host:port[?nodelay=0],
-    /// tls://host:port (with --tls-cert/--tls-key) or unix:///path
-    /// (repeatable).
+    /// tls://host:port (with --tls-cert/--tls-key) or unix:///path for
+    /// native clients; http://, grpc://, https://, grpcs://host:port for
+    /// KServe v2 clients (repeatable).
     #[arg(long = "listen", value_name = "URI", required = true)]
     listen: Vec<String>,
     /// The agent to relay to: shm://name, unix:///path (or tcp://, tls://).
@@ -57,15 +59,21 @@ pub struct Args {
     /// client gets `unavailable` (default 60000).
     #[arg(long, default_value_t = 60_000)]
     upstream_timeout_ms: u64,
+    /// The token the KServe doors' session presents to the agent (the
+    /// native sessions carry their own clients' tokens).
+    #[arg(
+        long,
+        env = "TENSORWIRE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    token: Option<String>,
 }
 
 /// Runs the gateway until SIGINT or SIGTERM.
 pub fn run(a: Args) -> Result<(), CmdError> {
-    let listen = a
-        .listen
-        .iter()
-        .map(|u| Endpoint::parse(u))
-        .collect::<Result<Vec<_>, _>>()?;
+    let split = frontend::split_listen(&a.listen)?;
+    let listen = split.endpoints;
     for ep in &listen {
         match ep {
             Endpoint::Tcp { addr, .. } => {
@@ -81,7 +89,8 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             Endpoint::Unix(_) | Endpoint::Tls { .. } => {}
             other => {
                 return Err(format!(
-                    "the gateway listens on tcp://, tls:// and unix:// endpoints, not {other}"
+                    "the gateway listens on tcp://, tls://, unix://, http(s):// and grpc(s):// \
+                     endpoints, not {other}"
                 )
                 .into())
             }
@@ -129,10 +138,46 @@ pub fn run(a: Args) -> Result<(), CmdError> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
-    let gw = Gateway::start_on(listeners, &up.to_string(), opts)?;
-    for ep in gw.endpoints() {
+    let upstream_timeout = opts.upstream_timeout;
+    let gw = if listeners.is_empty() {
+        None
+    } else {
+        Some(Gateway::start_on(listeners, &up.to_string(), opts)?)
+    };
+    let kserve = if split.grpc.is_empty() && split.http.is_empty() {
+        None
+    } else {
+        let doors = frontend::DoorsConfig {
+            grpc: split.grpc,
+            http: split.http,
+            insecure: a.insecure,
+            tls: match (&a.tls_cert, &a.tls_key) {
+                (Some(cert), Some(key)) => Some(transport::tls::ServerTlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: a.tls_client_ca.clone(),
+                }),
+                _ => None,
+            },
+            ..frontend::DoorsConfig::default()
+        };
+        let client_opts = client::ClientOptions {
+            timeout: upstream_timeout,
+            token: a.token.clone().filter(|t| !t.is_empty()),
+            ..client::ClientOptions::default()
+        };
+        Some(gateway::kserve::KserveDoors::start(
+            &up.to_string(),
+            client_opts,
+            doors,
+        )?)
+    };
+    for ep in gw.iter().flat_map(|g| g.endpoints()) {
         // One line per endpoint on stdout, so scripts can wait for readiness.
         println!("listening on {ep}");
+    }
+    for uri in kserve.iter().flat_map(|k| k.uris()) {
+        println!("listening on {uri}");
     }
     use std::io::Write;
     std::io::stdout().flush()?;
@@ -141,6 +186,11 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         std::thread::sleep(Duration::from_millis(50));
     }
     eprintln!("tensorwire gateway: shutting down");
-    gw.shutdown();
+    if let Some(k) = kserve {
+        k.shutdown();
+    }
+    if let Some(g) = gw {
+        g.shutdown();
+    }
     Ok(())
 }
