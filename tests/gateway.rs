@@ -554,3 +554,50 @@ fn kserve_clients_are_translated_to_native() {
         },
     );
 }
+
+/// A client that gives the gateway no token is not the gateway: the agent
+/// knows its relayed session by its token only (the Hello's anonymous
+/// flag), so it gets the `default` tenant's rights, not those of the
+/// gateway's own uid.
+#[test]
+fn a_tokenless_client_of_the_gateway_is_not_the_gateways_uid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // SAFETY: getuid has no preconditions and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        format!(
+            "[[tenant]]\nname = \"local\"\nuids = [{uid}]\nmodels = [\"*\"]\n\n\
+             [[tenant]]\nname = \"default\"\nmodels = [\"identity\"]\n"
+        ),
+    )
+    .expect("write the tenants file");
+    let shm = fresh_shm_name();
+    let model = format!("digits={}", digits_model().display());
+    let agent = ServeProcess::spawn_in(
+        dir.path(),
+        &[
+            "--listen",
+            &format!("shm://{shm}"),
+            "--model",
+            &model,
+            "--tenants",
+            tenants.to_str().expect("utf-8 path"),
+        ],
+    );
+    within(Duration::from_secs(60), "anonymous relay", move || {
+        // Directly, this uid is tenant `local`: digits is there.
+        let direct = Client::connect(&agent.uris[0]).expect("direct");
+        assert!(direct.model("digits").is_ok(), "local sees digits");
+        for (name, up) in upstreams(&agent) {
+            let gw = GatewayProcess::spawn(&up);
+            let c = Client::connect(&gw.uri).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(
+                c.model("digits").is_err(),
+                "{name}: a tokenless client of the gateway got the gateway uid's tenant"
+            );
+            common::check_identity(&c, name);
+        }
+    });
+}

@@ -22,9 +22,9 @@ use transport::inproc::{InprocReply, InprocRequest, InprocService};
 use transport::{Endpoint, RecvError, StreamConn, StreamWriter};
 use wire::{
     decode_error_body, decode_hello, decode_model_list, decode_signature, decode_tensor_section,
-    encode_hello_with_token, encode_model_name, encode_tensor_section, flags, layout_payload,
-    monotonic_ns, BufPool, DType, Header, Kind, Limits, ModelSignature, PooledBuf, TensorDesc,
-    Timeline, DESC_FIXED_LEN, MAX_DIMS,
+    encode_model_name, encode_tensor_section, flags, layout_payload, monotonic_ns, BufPool, DType,
+    Header, Kind, Limits, ModelSignature, PooledBuf, TensorDesc, Timeline, DESC_FIXED_LEN,
+    MAX_DIMS,
 };
 
 /// The longest a client waits for anything (100 years): a longer timeout
@@ -56,6 +56,11 @@ pub struct ClientOptions {
     /// client by its uid (unix, shm) or not at all (tcp). Tools read it
     /// from `--token` or the `TENSORWIRE_TOKEN` environment variable.
     pub token: Option<String>,
+    /// Marks the session as relayed for a client this process could not
+    /// identify (`wire::HELLO_ANONYMOUS`): the agent then knows it by its
+    /// token only, never by this process's own uid. For relays (the
+    /// gateway); an ordinary client leaves it off.
+    pub anonymous: bool,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -67,6 +72,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("want_timeline", &self.want_timeline)
             .field("spin", &self.spin)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("anonymous", &self.anonymous)
             .finish()
     }
 }
@@ -85,6 +91,7 @@ impl Default for ClientOptions {
             want_timeline: false,
             spin: transport::shm::WaitPolicy::CLIENT.spin,
             token: None,
+            anonymous: false,
         }
     }
 }
@@ -330,6 +337,7 @@ impl Client {
                     &ep.to_string(),
                     &opts.limits,
                     opts.token.as_deref().map(str::as_bytes),
+                    opts.anonymous,
                     1,
                     opts.connect_timeout,
                     transport::mover_param(uri),
@@ -386,9 +394,10 @@ impl Client {
                 inner: Arc::new(inner),
             });
         }
-        let hello = encode_hello_with_token(
+        let hello = wire::encode_hello_as(
             &inner.opts.limits,
             inner.opts.token.as_deref().map(str::as_bytes),
+            inner.opts.anonymous,
         );
         let mut h = Header::new(Kind::Hello);
         h.desc_len = hello.len() as u32;

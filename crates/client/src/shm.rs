@@ -445,32 +445,35 @@ impl ShmLink {
         uri: &str,
         asked: &Limits,
         token: Option<&[u8]>,
+        anonymous: bool,
         request_id: u64,
         timeout: Duration,
         mover: MoverChoice,
     ) -> Result<(ShmLink, Limits), ClientError> {
-        let (ch, limits) =
-            ShmChannel::connect(path, asked, token, request_id, timeout).map_err(|e| match e {
-                ShmError::Io(source)
-                    if matches!(
-                        source.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    ClientError::Timeout(timeout)
-                }
-                ShmError::Io(source) => ClientError::Connect(transport::TransportError::Io {
-                    what: "connect to",
-                    endpoint: format!("{uri} ({})", path.display()),
-                    source,
-                }),
-                ShmError::Refused { status, message } => ClientError::from_remote(status, message),
-                ShmError::PeerGone => {
-                    ClientError::AgentGone(format!("{uri} closed the session during the hello"))
-                }
-                ShmError::TimedOut => ClientError::Timeout(timeout),
-                e => ClientError::Protocol(format!("{uri}: {e}")),
-            })?;
+        let (ch, limits) = ShmChannel::connect_as(
+            path, asked, token, anonymous, request_id, timeout,
+        )
+        .map_err(|e| match e {
+            ShmError::Io(source)
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                ClientError::Timeout(timeout)
+            }
+            ShmError::Io(source) => ClientError::Connect(transport::TransportError::Io {
+                what: "connect to",
+                endpoint: format!("{uri} ({})", path.display()),
+                source,
+            }),
+            ShmError::Refused { status, message } => ClientError::from_remote(status, message),
+            ShmError::PeerGone => {
+                ClientError::AgentGone(format!("{uri} closed the session during the hello"))
+            }
+            ShmError::TimedOut => ClientError::Timeout(timeout),
+            e => ClientError::Protocol(format!("{uri}: {e}")),
+        })?;
         let arena = ch.arena().clone();
         let layout = *ch.layout();
         let pull = Layout::features(&arena) & transport::shm::layout::FEATURE_PULL != 0;

@@ -88,8 +88,11 @@ impl Upstream {
                 }
             }
         }
+        // A client without a token is one the gateway cannot identify: the
+        // agent must not take it for the gateway's own uid's tenant.
         let opts = ClientOptions {
             limits,
+            anonymous: token.is_none(),
             token,
             ..self.opts.clone()
         };

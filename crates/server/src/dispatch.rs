@@ -406,6 +406,13 @@ impl AgentCore {
         }
         let asked = decode_hello_request(body)
             .map_err(|e| self.fail(Reply::error(h.request_id, e.status(), &e.to_string())))?;
+        // A relay speaking for a client it could not identify: known by
+        // its token only, never by the relay's own credentials.
+        let anonymous = Identity {
+            cert_names: who.cert_names.clone(),
+            ..Identity::REMOTE
+        };
+        let who = if asked.anonymous { &anonymous } else { who };
         let grant = self
             .grant(who, asked.token, &asked.limits)
             .map_err(|(status, msg)| self.fail(Reply::error(h.request_id, status, &msg)))?;

@@ -369,8 +369,12 @@ fn hello_grant(core: &AgentCore, sock: &UnixStream, got: &[u8]) -> Result<Option
     if h.kind != Kind::Hello {
         return Ok(None);
     }
+    // A relay's anonymous session is known by its token only, never by
+    // the relay's own uid.
     let who = Identity {
-        creds: Credentials::of_unix(sock).ok(),
+        creds: (!hello.anonymous)
+            .then(|| Credentials::of_unix(sock).ok())
+            .flatten(),
         ..Identity::REMOTE
     };
     core.grant(&who, hello.token, &hello.limits)

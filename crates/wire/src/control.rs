@@ -49,13 +49,25 @@ pub struct Hello<'a> {
     pub limits: Limits,
     /// The bearer token, 1..=[`MAX_TOKEN_LEN`] bytes.
     pub token: Option<&'a [u8]>,
+    /// The sender relays a client it could not identify
+    /// ([`HELLO_ANONYMOUS`]): the agent must not know the session by the
+    /// sender's own credentials.
+    pub anonymous: bool,
 }
+
+/// Hello flag (body byte 22): the session is relayed for a client the
+/// sender (a gateway) could not identify, so the agent must identify it
+/// by its token only, never by the relaying process's credentials (its
+/// uid over `unix://` or `shm://`): a tokenless relayed session is the
+/// `default` tenant's, as a tokenless tcp client's is.
+pub const HELLO_ANONYMOUS: u8 = 1;
 
 impl std::fmt::Debug for Hello<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hello")
             .field("limits", &self.limits)
             .field("token_len", &self.token.map(<[u8]>::len))
+            .field("anonymous", &self.anonymous)
             .finish()
     }
 }
@@ -69,6 +81,12 @@ pub fn encode_hello(l: &Limits) -> Vec<u8> {
 /// than [`MAX_TOKEN_LEN`] is the caller's bug: check it with
 /// [`check_token`] first (it would be refused by the agent).
 pub fn encode_hello_with_token(l: &Limits, token: Option<&[u8]>) -> Vec<u8> {
+    encode_hello_as(l, token, false)
+}
+
+/// Encodes a Hello body carrying `token`, marked [`HELLO_ANONYMOUS`] when
+/// `anonymous` (a relay speaking for a client it could not identify).
+pub fn encode_hello_as(l: &Limits, token: Option<&[u8]>, anonymous: bool) -> Vec<u8> {
     let token = token.unwrap_or_default();
     let token = &token[..token.len().min(MAX_TOKEN_LEN)];
     let mut b = Vec::with_capacity(32 + token.len());
@@ -77,7 +95,8 @@ pub fn encode_hello_with_token(l: &Limits, token: Option<&[u8]>) -> Vec<u8> {
     b.extend_from_slice(&l.max_payload.to_le_bytes());
     b.extend_from_slice(&l.max_desc_len.to_le_bytes());
     b.extend_from_slice(&(token.len() as u16).to_le_bytes());
-    b.extend_from_slice(&[0; 10]);
+    b.push(if anonymous { HELLO_ANONYMOUS } else { 0 });
+    b.extend_from_slice(&[0; 9]);
     b.extend_from_slice(token);
     b
 }
@@ -99,6 +118,9 @@ pub fn decode_hello(b: &[u8]) -> Result<Limits, WireError> {
     if hello.token.is_some() {
         return Err(WireError::malformed("a HelloAck carries no token"));
     }
+    if hello.anonymous {
+        return Err(WireError::malformed("a HelloAck carries no flags"));
+    }
     Ok(hello.limits)
 }
 
@@ -110,7 +132,13 @@ pub fn decode_hello_request(b: &[u8]) -> Result<Hello<'_>, WireError> {
             b.len()
         )));
     }
-    if b[22..32].iter().any(|&x| x != 0) {
+    if b[22] & !HELLO_ANONYMOUS != 0 {
+        return Err(WireError::malformed(format!(
+            "hello flags 0x{:02x}: only 0x{HELLO_ANONYMOUS:02x} (anonymous) is defined",
+            b[22]
+        )));
+    }
+    if b[23..32].iter().any(|&x| x != 0) {
         return Err(WireError::malformed("hello reserved bytes not zero"));
     }
     let mut r = Reader::new(b);
@@ -132,7 +160,11 @@ pub fn decode_hello_request(b: &[u8]) -> Result<Hello<'_>, WireError> {
     if let Some(t) = token {
         check_token(t)?;
     }
-    Ok(Hello { limits, token })
+    Ok(Hello {
+        limits,
+        token,
+        anonymous: b[22] & HELLO_ANONYMOUS != 0,
+    })
 }
 
 /// Encodes a model name for ModelQuery.
@@ -410,6 +442,30 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_anonymous_hello_flag_round_trips_and_others_are_refused() {
+        let l = Limits::default();
+        let b = encode_hello_as(&l, Some(b"tok"), true);
+        assert_eq!(b[22], HELLO_ANONYMOUS);
+        let h = decode_hello_request(&b).expect("valid");
+        assert!(h.anonymous);
+        assert_eq!(h.token, Some(&b"tok"[..]));
+        assert!(
+            !decode_hello_request(&encode_hello(&l))
+                .expect("valid")
+                .anonymous
+        );
+        let mut bad = b.clone();
+        bad[22] = 2;
+        assert!(decode_hello_request(&bad).is_err(), "unknown flag");
+        let mut bad = b.clone();
+        bad[23] = 1;
+        assert!(decode_hello_request(&bad).is_err(), "reserved byte");
+        let mut ack = encode_hello(&l);
+        ack[22] = HELLO_ANONYMOUS;
+        assert!(decode_hello(&ack).is_err(), "a HelloAck carries no flags");
+    }
+
     use super::*;
 
     fn sig() -> ModelSignature {

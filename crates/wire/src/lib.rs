@@ -27,9 +27,10 @@ mod timeline;
 pub use buf::{AlignedBuf, BufPool, PooledBuf};
 pub use control::{
     check_token, decode_error_body, decode_hello, decode_hello_request, decode_model_list,
-    decode_model_name, decode_signature, encode_error_body, encode_hello, encode_hello_with_token,
-    encode_model_list, encode_model_name, encode_signature, Hello, HelloBody, ModelSignature,
-    TensorSpec, MAX_ERROR_MESSAGE, MAX_NAME_LEN, MAX_TOKEN_LEN,
+    decode_model_name, decode_signature, encode_error_body, encode_hello, encode_hello_as,
+    encode_hello_with_token, encode_model_list, encode_model_name, encode_signature, Hello,
+    HelloBody, ModelSignature, TensorSpec, HELLO_ANONYMOUS, MAX_ERROR_MESSAGE, MAX_NAME_LEN,
+    MAX_TOKEN_LEN,
 };
 pub use dtype::DType;
 pub use error::{Status, WireError};

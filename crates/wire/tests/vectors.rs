@@ -203,6 +203,7 @@ fn decode(bytes: &[u8]) -> Message {
             Hello {
                 limits,
                 token: Some(t),
+                ..
             } => Body::HelloToken(limits, t.to_vec()),
             Hello { limits, .. } => Body::Limits(limits),
         },

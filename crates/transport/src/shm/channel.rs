@@ -49,8 +49,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use wire::{
-    decode_error_body, decode_hello, decode_hello_request, encode_hello, encode_hello_with_token,
-    Header, Kind, Limits, Status, WireError, HEADER_LEN,
+    decode_error_body, decode_hello, decode_hello_request, encode_hello, Header, Kind, Limits,
+    Status, WireError, HEADER_LEN,
 };
 
 /// Why a shared-memory session failed.
@@ -385,10 +385,24 @@ impl ShmChannel {
         request_id: u64,
         timeout: Duration,
     ) -> Result<(ShmChannel, Limits), ShmError> {
+        ShmChannel::connect_as(path, asked, token, false, request_id, timeout)
+    }
+
+    /// [`connect`](ShmChannel::connect), the Hello marked
+    /// `wire::HELLO_ANONYMOUS` when `anonymous` (a relay speaking for a
+    /// client it could not identify).
+    pub fn connect_as(
+        path: &Path,
+        asked: &Limits,
+        token: Option<&[u8]>,
+        anonymous: bool,
+        request_id: u64,
+        timeout: Duration,
+    ) -> Result<(ShmChannel, Limits), ShmError> {
         let mut sock = UnixStream::connect(path)?;
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
-        let body = encode_hello_with_token(asked, token);
+        let body = wire::encode_hello_as(asked, token, anonymous);
         let mut h = Header::new(Kind::Hello);
         h.request_id = request_id;
         h.desc_len = body.len() as u32;
