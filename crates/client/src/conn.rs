@@ -335,11 +335,8 @@ impl Client {
                 let (link, limits) = ShmLink::connect(
                     &path,
                     &ep.to_string(),
-                    &opts.limits,
-                    opts.token.as_deref().map(str::as_bytes),
-                    opts.anonymous,
+                    &opts,
                     1,
-                    opts.connect_timeout,
                     transport::mover_param(uri),
                 )?;
                 shm_limits = Some(limits);

@@ -439,19 +439,24 @@ pub(crate) struct ShmLink {
 }
 
 impl ShmLink {
-    /// Bootstraps the session over the control socket at `path`.
+    /// Bootstraps the session over the control socket at `path`, saying
+    /// Hello as `opts` say (limits asked, token, anonymous; within its
+    /// connect timeout).
     pub(crate) fn connect(
         path: &Path,
         uri: &str,
-        asked: &Limits,
-        token: Option<&[u8]>,
-        anonymous: bool,
+        opts: &crate::ClientOptions,
         request_id: u64,
-        timeout: Duration,
         mover: MoverChoice,
     ) -> Result<(ShmLink, Limits), ClientError> {
+        let timeout = opts.connect_timeout;
         let (ch, limits) = ShmChannel::connect_as(
-            path, asked, token, anonymous, request_id, timeout,
+            path,
+            &opts.limits,
+            opts.token.as_deref().map(str::as_bytes),
+            opts.anonymous,
+            request_id,
+            timeout,
         )
         .map_err(|e| match e {
             ShmError::Io(source)
