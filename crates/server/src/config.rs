@@ -43,6 +43,7 @@
 //! agent_bytes = 67108864   # each session's output region
 //! ring_slots = 256         # 64-byte slots per ring (a power of two, 8..=65536)
 //! park_after_ms = 250      # a session quiet this long gives its thread back
+//! allow_kernel_pull = false # let clients have their inputs pulled from their memory (mover=kernel)
 //!
 //! [stats]                  # per-model statistics and metrics; default shown
 //! request_timing = true    # time every request's stages (4 clock reads); false: counts only
@@ -293,6 +294,7 @@ struct ShmFile {
     agent_bytes: Option<usize>,
     ring_slots: Option<u32>,
     park_after_ms: Option<u64>,
+    allow_kernel_pull: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -460,6 +462,15 @@ pub struct AgentConfig {
     /// `serve --mover`): `auto` asks the mover policy (`tensorwire
     /// calibrate`), or one fixed mover. Per process.
     pub mover: transport::mover::MoverChoice,
+    /// Whether shm clients may have the agent pull their inputs out of
+    /// their own memory (`mover=kernel`, `process_vm_readv`; `serve
+    /// --allow-kernel-pull`, TOML `[shm] allow_kernel_pull`). Off by
+    /// default: a pull reads another process's memory with the agent's
+    /// own rights (which may exceed the client's, and which Yama's
+    /// `ptrace_scope` may deny), blocks the worker while the kernel reads
+    /// (a client's own slow mapping, e.g. a FUSE file, would hold it), and
+    /// trusts the pid the control socket had at connect.
+    pub allow_kernel_pull: bool,
 }
 
 impl Default for AgentConfig {
@@ -491,6 +502,7 @@ impl Default for AgentConfig {
             insecure: false,
             tls: None,
             mover: transport::mover::MoverChoice::Auto,
+            allow_kernel_pull: false,
         }
     }
 }
@@ -589,6 +601,7 @@ impl AgentConfig {
         if let Some(ms) = m.park_after_ms {
             cfg.shm_park_after = Duration::from_millis(ms);
         }
+        cfg.allow_kernel_pull = m.allow_kernel_pull.unwrap_or(cfg.allow_kernel_pull);
         cfg.request_timing = f.stats.request_timing.unwrap_or(cfg.request_timing);
         let a = f.access;
         cfg.tenants = a.tenants.filter(|t| !t.as_os_str().is_empty());
@@ -618,6 +631,11 @@ impl AgentConfig {
             ring_capacity: self.shm_ring_slots,
             client_len: self.shm_client_bytes,
             agent_len: self.shm_agent_bytes,
+            features: if self.allow_kernel_pull {
+                transport::shm::layout::FEATURE_PULL
+            } else {
+                0
+            },
         }
     }
 
@@ -1275,10 +1293,17 @@ mod tests {
             ShmSizes {
                 ring_capacity: 16,
                 client_len: 65536,
-                agent_len: 8192
+                agent_len: 8192,
+                features: 0,
             }
         );
         cfg.validate().unwrap();
+        let pull = AgentConfig::from_toml("[shm]\nallow_kernel_pull = true\n").unwrap();
+        assert!(pull.allow_kernel_pull);
+        assert_eq!(
+            pull.shm_sizes().features,
+            transport::shm::layout::FEATURE_PULL
+        );
         assert!(AgentConfig::from_toml("[shm]\nspin = 1").is_err());
         assert_eq!(AgentConfig::default().socket_spin_us, 50);
         let cfg = AgentConfig::from_toml("[socket]\nspin_us = 0\n").unwrap();

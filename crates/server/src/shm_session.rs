@@ -165,9 +165,43 @@ struct Serving {
     grant: Grant,
     region: OutputRegion,
     parked: bool,
-    /// The client's process id, from its control socket's `SO_PEERCRED`
-    /// (never from anything it writes): where pulled inputs are read from.
-    peer_pid: Option<i32>,
+    /// Where pulled inputs are read from, when this agent pulls
+    /// (`allow_kernel_pull`).
+    pull_from: Option<PullSource>,
+}
+
+/// The client process a session's pulled inputs are read from: its pid
+/// from the control socket's `SO_PEERCRED` (never from anything it
+/// writes), held by a pidfd opened at accept and checked against the
+/// socket again, so a pid reused after the client exited is never read:
+/// the pidfd says the client is gone.
+struct PullSource {
+    pid: i32,
+    pidfd: std::os::fd::OwnedFd,
+}
+
+impl PullSource {
+    /// The peer of `sock`, pinned by a pidfd; `None` when the kernel
+    /// cannot say who it is.
+    fn of(sock: &std::os::unix::net::UnixStream) -> Option<PullSource> {
+        let pid = Credentials::of_unix(sock).ok()?.pid;
+        let p = rustix::process::Pid::from_raw(pid)?;
+        let pidfd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()?;
+        // The pidfd names whichever process has `pid` now: still the
+        // socket's peer only if the socket still says so.
+        (Credentials::of_unix(sock).ok()?.pid == pid).then_some(PullSource { pid, pidfd })
+    }
+
+    /// Whether the client process still runs (its pidfd is not readable).
+    fn alive(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&zero)), Ok(0))
+    }
 }
 
 impl ShmSession {
@@ -225,7 +259,9 @@ impl ShmSession {
             _ => self.cfg.sizes,
         };
         let agent_limits = grant.as_ref().map_or(core.limits, |g| g.limits);
-        let peer_pid = Credentials::of_unix(&sock).ok().map(|c| c.pid);
+        let pull_from = (sizes.features & transport::shm::layout::FEATURE_PULL != 0)
+            .then(|| PullSource::of(&sock))
+            .flatten();
         let (ch, limits) =
             match ShmChannel::accept_hello(sock, &got, &agent_limits, sizes, self.cfg.stall) {
                 Ok(x) => x,
@@ -255,7 +291,7 @@ impl ShmSession {
                 seat: grant.and_then(|g| g.seat),
             },
             parked: false,
-            peer_pid,
+            pull_from,
         }));
         self.serve()
     }
@@ -291,7 +327,7 @@ impl ShmSession {
             grant: &st.grant,
             region: &mut st.region,
             stall: self.cfg.stall,
-            peer_pid: st.peer_pid,
+            pull_from: st.pull_from.as_ref(),
         };
         loop {
             // Poll only in one of the agent's shm polling slots (one per
@@ -486,7 +522,7 @@ struct Session<'a> {
     grant: &'a Grant,
     region: &'a mut OutputRegion,
     stall: Duration,
-    peer_pid: Option<i32>,
+    pull_from: Option<&'a PullSource>,
 }
 
 impl<'a> Session<'a> {
@@ -564,9 +600,14 @@ impl<'a> Session<'a> {
     /// credentials). The kernel checks each range against the client's own
     /// mappings: a range it does not have fails this request only.
     fn pull(&mut self, p: &Prepared<'_>, addrs: &[u64]) -> Result<(), String> {
-        let pid = self
-            .peer_pid
-            .ok_or("pulled inputs: the client's process id is unknown (no SO_PEERCRED)")?;
+        let src = self.pull_from.ok_or(
+            "pulled inputs: this agent does not pull (start it with --allow-kernel-pull), \
+             or the client's process could not be pinned",
+        )?;
+        if !src.alive() {
+            return Err("pulled inputs: the client's process has exited".into());
+        }
+        let pid = src.pid;
         for (i, (t, &addr)) in p.tensors.iter().zip(addrs).enumerate() {
             if addr == 0 || t.len == 0 {
                 continue;

@@ -277,8 +277,28 @@ fn call_pulled(
 }
 
 #[test]
+fn an_agent_pulls_only_when_started_to() {
+    let (_agent, name) = start(|_| {});
+    let mut c = Raw::connect(&name).unwrap();
+    assert_eq!(
+        Layout::features(c.ch.arena()),
+        0,
+        "pulls are off by default: not advertised"
+    );
+    let id = c.model_id("identity");
+    let src = pattern(4096, 5);
+    let a = desc(DType::U8, &[4096], 0);
+    let (status, e) = call_pulled(&mut c, id, &[a], &[src.as_ptr() as u64])
+        .expect_err("a pulled request to an agent that does not pull");
+    assert_eq!(status, Status::InvalidInput);
+    assert!(e.contains("--allow-kernel-pull"), "{e}");
+    // The session goes on.
+    assert_eq!(c.model_id("identity"), id);
+}
+
+#[test]
 fn the_agent_pulls_inputs_by_address_and_refuses_lies_per_request() {
-    let (agent, name) = start(|_| {});
+    let (agent, name) = start(|c| c.allow_kernel_pull = true);
     let mut c = Raw::connect(&name).unwrap();
     assert_eq!(
         Layout::features(c.ch.arena()) & transport::shm::layout::FEATURE_PULL,

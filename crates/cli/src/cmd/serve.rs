@@ -117,6 +117,11 @@ pub struct Args {
     /// (between a VM and its host: it crosses no network).
     #[arg(long)]
     insecure: bool,
+    /// Let shm clients have their inputs pulled out of their own memory
+    /// (`?mover=kernel`: process_vm_readv with the agent's rights). Off by
+    /// default (TOML `[shm] allow_kernel_pull`).
+    #[arg(long)]
+    allow_kernel_pull: bool,
     /// The agent's TLS certificate chain (PEM), for tls://, grpcs:// and
     /// https:// listeners.
     #[arg(long, value_name = "FILE")]
@@ -202,6 +207,7 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         cfg.socket_group = Some(g.clone());
     }
     cfg.insecure |= a.insecure;
+    cfg.allow_kernel_pull |= a.allow_kernel_pull;
     if a.tls_cert.is_some() || a.tls_key.is_some() || a.tls_client_ca.is_some() {
         let file = cfg.tls.take().unwrap_or_default();
         cfg.tls = server::config::tls_files(

@@ -99,6 +99,10 @@ pub struct ShmSizes {
     pub client_len: usize,
     /// Bytes of the agent's region (outputs).
     pub agent_len: usize,
+    /// The arena header's `features` word: what this agent offers its
+    /// clients ([`crate::shm::layout::FEATURE_PULL`]: it pulls inputs from
+    /// the client's memory, when started to).
+    pub features: u64,
 }
 
 impl ShmSizes {
@@ -148,6 +152,7 @@ impl Default for ShmSizes {
             ring_capacity: 256,
             client_len: 256 << 20,
             agent_len: 64 << 20,
+            features: 0,
         }
     }
 }
@@ -363,7 +368,7 @@ impl ShmChannel {
             .min((sizes.ring_capacity - 1) * SLOT_LEN as u32);
         limits.max_payload = limits.max_payload.min(layout.client_len as u64);
         let arena = Arena::create("tensorwire-shm", layout.arena_len)?;
-        layout.write(&arena);
+        layout.write(&arena, sizes.features);
         let ack_body = encode_hello(&limits);
         let mut ack = Header::new(Kind::HelloAck);
         ack.request_id = h.request_id;
@@ -872,6 +877,7 @@ mod tests {
             ring_capacity: 8,
             client_len: 1 << 16,
             agent_len: 1 << 16,
+            features: 0,
         }
     }
 

@@ -107,8 +107,8 @@ impl Layout {
         })
     }
 
-    /// Writes the header into a fresh arena.
-    pub fn write(&self, a: &Arena) {
+    /// Writes the header into a fresh arena, with the agent's `features`.
+    pub fn write(&self, a: &Arena, features: u64) {
         let w = |off: usize, v: u64| a.atomic_u64(off).store(v, Ordering::Relaxed);
         w(8, self.arena_len as u64);
         w(16, u64::from(self.ring_capacity));
@@ -117,7 +117,7 @@ impl Layout {
         w(40, self.data_off as u64);
         w(48, self.data_len as u64);
         w(56, self.client_len as u64);
-        w(FEATURES_OFF, FEATURE_PULL);
+        w(FEATURES_OFF, features);
         a.atomic_u64(0).store(MAGIC, Ordering::Release);
     }
 
@@ -178,11 +178,11 @@ mod tests {
         assert_eq!(l.data_off % 4096, 0);
         assert!(l.response_ring >= l.request_ring + Ring::bytes_needed(256));
         let a = Arena::create("tw-layout", l.arena_len).unwrap();
-        l.write(&a);
+        l.write(&a, FEATURE_PULL);
         assert_eq!(Layout::read(&a).unwrap(), l);
         a.atomic_u64(56).store(u64::MAX, Ordering::Release);
         assert!(Layout::read(&a).is_err());
-        l.write(&a);
+        l.write(&a, FEATURE_PULL);
         a.atomic_u64(40).store(8, Ordering::Release);
         assert!(Layout::read(&a).is_err());
         assert!(Layout::new(3, 1, 1).is_err());
