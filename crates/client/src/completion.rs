@@ -50,13 +50,26 @@ pub(crate) struct Completer {
     tx: Mutex<Option<Sender<Job>>>,
 }
 
-/// A request the completion thread watches.
+/// A request the completion thread watches. Dropped without being
+/// finished (the thread itself failed), it completes with an error, so no
+/// callback is lost and no future waits forever.
 struct Job {
     /// Keeps the session alive until the request is complete.
     client: Client,
     sent: Sent,
     deadline: Instant,
-    deliver: Deliver,
+    /// Taken when the request is completed.
+    deliver: Option<Deliver>,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.deliver.is_some() {
+            self.complete(Err(ClientError::Protocol(
+                "the completion thread stopped before this request completed".into(),
+            )));
+        }
+    }
 }
 
 enum Deliver {
@@ -73,7 +86,7 @@ impl Completer {
             client,
             sent,
             deadline,
-            deliver,
+            deliver: Some(deliver),
         };
         let mut tx = lock(&self.tx);
         if tx.is_none() {
@@ -104,17 +117,23 @@ impl Completer {
 impl Job {
     /// Completes the request with `r`: runs the callback or wakes the
     /// future. The request's arena pins are released after.
-    fn finish(self, r: Result<Response, ClientError>) {
-        match self.deliver {
-            Deliver::Callback(f) => {
-                if catch_unwind(AssertUnwindSafe(|| f(r))).is_err() {
+    fn finish(mut self, r: Result<Response, ClientError>) {
+        self.complete(r);
+    }
+
+    fn complete(&mut self, r: Result<Response, ClientError>) {
+        match self.deliver.take() {
+            Some(Deliver::Callback(f)) => {
+                let panicked = catch_unwind(AssertUnwindSafe(|| f(r))).is_err();
+                if panicked {
                     eprintln!(
                         "tensorwire: a completion callback of request {} panicked",
                         self.sent.id
                     );
                 }
             }
-            Deliver::Future(slot) => slot.fill(r),
+            Some(Deliver::Future(slot)) => slot.fill(r),
+            None => {}
         }
     }
 }

@@ -862,6 +862,9 @@ impl ShmLink {
     /// role, waits for it to file something instead. What comes is filed
     /// for whoever waits for it ([`crate::completion`] drives this).
     pub(crate) fn pump(&self, limit: Duration, spin: Duration, recv_limits: &Limits) {
+        // The channel is held while this waits: no longer than a sender or
+        // a release may wait for it (as `wait_for`'s chunks).
+        let limit = limit.min(SLEEP_CHUNK);
         let mut sh = lock(&self.shared);
         if sh.dead.is_some() {
             return;

@@ -41,6 +41,13 @@ pub trait Backend: Send + Sync {
     /// signature order.
     fn run(&self, inputs: &[TensorView<'_>]) -> Result<Vec<Output>, EngineError>;
 
+    /// Whether a run may wait on something outside this process (a
+    /// remote agent), however fast its recent runs were: such a run must
+    /// never hold an async runtime's worker. The default: no.
+    fn may_block(&self) -> bool {
+        false
+    }
+
     /// The shapes [`run`](Backend::run) would give the outputs (in signature
     /// order) for inputs of these dtypes and shapes, if the backend can tell
     /// before running; `None` if it cannot (or the inputs do not fit). A

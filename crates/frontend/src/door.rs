@@ -125,6 +125,9 @@ impl FrontDoor {
     /// them, goes to the blocking pool). A model that batches never runs
     /// here: its request may wait out a queue delay for others, and would
     /// hold the tokio worker (and every connection it serves) meanwhile.
+    /// Nor does a model whose runs may wait on another process
+    /// (`Backend::may_block`: the gateway's remote models), however fast
+    /// they were: a stalled agent would freeze every connection here.
     /// An unknown model fails at once, so it runs here too.
     pub(crate) fn runs_inline(&self, name: &str, request_bytes: usize, uses_shm: bool) -> bool {
         if uses_shm || request_bytes > INLINE_MAX_BYTES {
@@ -132,6 +135,7 @@ impl FrontDoor {
         }
         self.core.registry.find(name).is_none_or(|m| {
             !m.batcher.policy().is_on()
+                && !m.backend.may_block()
                 && m.queue.has_free_run()
                 && m.stats
                     .recent_compute_ns()

@@ -22,7 +22,7 @@ use client::{Client, ClientError, ClientOptions, Model, TensorRef};
 use engine::{Backend, EngineError, Output, OutputData, TensorView};
 use server::{Agent, AgentConfig, ModelRegistry};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use wire::{AlignedBuf, DType, ModelSignature};
 
 /// How many KServe requests one remote model lets run at once (each is a
@@ -36,12 +36,30 @@ pub struct UpstreamSession {
     uri: String,
     opts: ClientOptions,
     state: Mutex<Option<Connected>>,
+    /// Requests in flight on the session, all models together: kept
+    /// within the session's `max_in_flight`, so a burst of KServe calls
+    /// waits here instead of being refused `too-many-in-flight`.
+    in_flight: Mutex<usize>,
+    room: Condvar,
+}
+
+/// A request's place in [`UpstreamSession::in_flight`], given back on drop.
+struct Seat<'a>(&'a UpstreamSession);
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.in_flight) -= 1;
+        self.0.room.notify_one();
+    }
 }
 
 struct Connected {
     client: Client,
     models: HashMap<String, Model>,
 }
+
+/// Requests in flight on the session when the agent gave no limit yet.
+const DEFAULT_IN_FLIGHT: usize = 64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -54,7 +72,37 @@ impl UpstreamSession {
             uri: uri.to_string(),
             opts,
             state: Mutex::new(None),
+            in_flight: Mutex::new(0),
+            room: Condvar::new(),
         })
+    }
+
+    /// Waits (at most the session's timeout) for room among the requests
+    /// in flight, then holds a place until the returned seat drops.
+    fn seat(&self) -> Result<Seat<'_>, EngineError> {
+        let max = lock(&self.state)
+            .as_ref()
+            .map_or(DEFAULT_IN_FLIGHT, |c| {
+                c.client.limits().max_in_flight as usize
+            })
+            .max(1);
+        let deadline = std::time::Instant::now() + self.opts.timeout;
+        let mut n = lock(&self.in_flight);
+        while *n >= max {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(EngineError::Unavailable(format!(
+                    "{max} requests already in flight to the agent; retry later"
+                )));
+            }
+            n = self
+                .room
+                .wait_timeout(n, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *n += 1;
+        Ok(Seat(self))
     }
 
     /// The models the agent serves now.
@@ -119,10 +167,13 @@ impl RemoteModel {
 fn engine_error(e: ClientError) -> EngineError {
     match e {
         ClientError::InvalidInput(m) | ClientError::UnknownModel(m) => EngineError::InvalidInput(m),
+        // Unreachable, or busy: either way "retry later" (503 / UNAVAILABLE).
         ClientError::Connect(_)
         | ClientError::AgentGone(_)
         | ClientError::Timeout(_)
-        | ClientError::ShuttingDown(_) => EngineError::Unavailable(format!("the agent: {e}")),
+        | ClientError::ShuttingDown(_)
+        | ClientError::Overloaded(_)
+        | ClientError::TooManyInFlight(_) => EngineError::Unavailable(format!("the agent: {e}")),
         other => EngineError::Run(format!("the agent: {other}")),
     }
 }
@@ -141,7 +192,13 @@ impl Backend for RemoteModel {
         engine::check_against_signature(&self.signature, inputs)
     }
 
+    fn may_block(&self) -> bool {
+        // A call to another process: never on the doors' async workers.
+        true
+    }
+
     fn run(&self, inputs: &[TensorView<'_>]) -> Result<Vec<Output>, EngineError> {
+        let _seat = self.upstream.seat()?;
         let model = self.upstream.model(&self.signature.name).map_err(|e| {
             self.upstream.reset();
             engine_error(e)

@@ -103,7 +103,12 @@ impl Upstream {
                 Ok(c)
             }
             Err(e) => {
-                let (status, message) = status_of(&e);
+                // An agent that does not answer a Hello in time is as
+                // unreachable as one that refuses the connection.
+                let (status, message) = match &e {
+                    ClientError::Timeout(_) => (Status::Unavailable, e.to_string()),
+                    _ => status_of(&e),
+                };
                 if status == Status::Unavailable {
                     let mut b = lock(&self.backoff);
                     let pause = b.next.clamp(BACKOFF_MIN, BACKOFF_MAX);
@@ -122,11 +127,15 @@ impl Upstream {
 
 /// The wire status (and message) a downstream client gets for a failed
 /// upstream call: the agent's own answer when it gave one; `unavailable`
-/// when the agent could not be reached, went away, or did not answer.
+/// when the agent could not be reached or went away (which ends the
+/// session); `timeout` for one request the agent did not answer within
+/// the gateway's upstream timeout (the agent is there: the session goes
+/// on, and the late answer is dropped).
 pub fn status_of(e: &ClientError) -> (Status, String) {
     use ClientError as E;
     let (status, msg) = match e {
-        E::Connect(_) | E::AgentGone(_) | E::Timeout(_) => (Status::Unavailable, e.to_string()),
+        E::Connect(_) | E::AgentGone(_) => (Status::Unavailable, e.to_string()),
+        E::Timeout(_) => (Status::Timeout, e.to_string()),
         E::UnknownModel(m) => (Status::UnknownModel, m.clone()),
         E::InvalidInput(m) => (Status::InvalidInput, m.clone()),
         E::LimitExceeded(m) => (Status::LimitExceeded, m.clone()),
