@@ -63,6 +63,8 @@ fn torture_quick_is_clean() {
         }
         assert!(has("hostile bytes", t)["tried"].as_u64() >= Some(3000));
     }
+    let shm = has("hostile shm clients", "shm");
+    assert!(shm["tried"].as_u64() >= Some(30), "{shm}");
     for t in ["unix", "tcp", "shm"] {
         has("client killed mid-request", t);
         for name in [

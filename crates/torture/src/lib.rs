@@ -63,6 +63,8 @@ pub struct Config {
     pub idle: usize,
     /// Clients killed per transport.
     pub kills: u64,
+    /// Hostile shm clients, one after another.
+    pub shm_rounds: u64,
     /// How long the slowloris, idle and churn attacks last.
     pub attack: Duration,
     /// How long the observer runs before and after each attack.
@@ -86,6 +88,7 @@ impl Config {
                 slow_senders: 32,
                 idle: 500,
                 kills: 4,
+                shm_rounds: 30,
                 attack: Duration::from_secs(1),
                 phase: Duration::from_millis(500),
                 soak: Duration::from_secs(20),
@@ -100,6 +103,7 @@ impl Config {
                 slow_senders: 256,
                 idle: 10_000,
                 kills: 40,
+                shm_rounds: 3000,
                 attack: Duration::from_secs(10),
                 phase: Duration::from_secs(3),
                 soak: Duration::from_secs(3600),
@@ -193,6 +197,9 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
             push(scenarios::slowloris(&mut agent, cfg, t)?, &mut rows);
             push(scenarios::idle(&mut agent, cfg, t)?, &mut rows);
             push(scenarios::churn(&mut agent, cfg, t)?, &mut rows);
+        }
+        if t == "shm" {
+            push(scenarios::shm_hostile(&mut agent, cfg)?, &mut rows);
         }
         push(
             scenarios::client_kills(&mut agent, cfg, &cfg.exe.clone(), t)?,

@@ -824,3 +824,94 @@ fn identity_id(uri: &str) -> Result<u32, TortureError> {
         .map_err(|e| TortureError(format!("{uri}: identity: {e}")))?;
     Ok(m.id())
 }
+
+/// Hostile shared-memory clients, `cfg.shm_rounds` of them one after
+/// another, in turn: one scribbles random bytes over its whole arena
+/// (rings, headers, both regions) and wakes the agent; one publishes
+/// requests until its ring is full and never reads an answer; one writes
+/// half a Hello on the control socket and closes. Each then leaves. The
+/// agent must free every session (descriptors back to the baseline) while
+/// the well-behaved client beside them, over shm too, is served.
+pub fn shm_hostile(
+    agent: &mut AgentUnderTest,
+    cfg: &Config,
+) -> Result<ScenarioResult, TortureError> {
+    use transport::shm::{control_path, futex, layout::AGENT_SLEEP, ShmChannel};
+    let uri = agent.uri("shm").to_string();
+    let name = uri.trim_start_matches("shm://").to_string();
+    let path = control_path(&name).map_err(|e| TortureError(format!("{uri}: {e}")))?;
+    let identity = identity_id(&uri)?;
+    let rounds = cfg.shm_rounds;
+    scenario(agent, cfg, "hostile shm clients", "shm", move |_| {
+        let mut rng = fastrand::Rng::with_seed(0x5a);
+        let (mut scribbled, mut flooded, mut halves, mut failed) = (0u64, 0u64, 0u64, 0u64);
+        for round in 0..rounds {
+            match round % 3 {
+                0 | 1 => {
+                    let Ok((mut ch, _)) =
+                        ShmChannel::connect(&path, &Limits::default(), None, 1, HANG_LIMIT)
+                    else {
+                        failed += 1;
+                        continue;
+                    };
+                    if round % 3 == 0 {
+                        let arena = ch.arena().clone();
+                        // SAFETY: the arena is this (hostile) client's own
+                        // mapping and nothing else in this process uses it;
+                        // the agent may write it meanwhile, which is the
+                        // fault under test: only bytes are written here.
+                        let all = unsafe { arena.bytes_mut(0..arena.len()) };
+                        rng.fill(all);
+                        let w = arena.atomic_u32(AGENT_SLEEP);
+                        w.store(0, Ordering::SeqCst);
+                        let _ = futex::wake(w, 1);
+                        scribbled += 1;
+                    } else {
+                        let mut desc = Vec::new();
+                        wire::encode_tensor_section(
+                            &[wire::TensorDesc {
+                                dtype: wire::DType::U8,
+                                shape: vec![0],
+                                offset: 0,
+                                len: 0,
+                            }],
+                            None,
+                            &mut desc,
+                        );
+                        let mut h = Header::new(Kind::Request);
+                        h.model_id = identity;
+                        h.tensor_count = 1;
+                        h.desc_len = desc.len() as u32;
+                        for id in 2..100_000u64 {
+                            h.request_id = id;
+                            if !matches!(ch.send(&h, &desc), Ok(true)) {
+                                break;
+                            }
+                        }
+                        flooded += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                    drop(ch);
+                }
+                _ => {
+                    if let Ok(mut s) = UnixStream::connect(&path) {
+                        let mut h = Header::new(Kind::Hello);
+                        h.desc_len = 32;
+                        let _ = s.write_all(&h.encode()[..HEADER_LEN / 2]);
+                        halves += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        Tried {
+            count: rounds,
+            defects: 0,
+            notes: vec![format!(
+                "{scribbled} scribbled their arena, {flooded} filled their ring unread, \
+                 {halves} left half a Hello; {failed} could not connect"
+            )],
+        }
+    })
+}
