@@ -42,6 +42,64 @@ pub fn write_all(dir: &Path, results: &Results) -> Result<Vec<PathBuf>, BenchErr
     Ok(out)
 }
 
+/// A line of [`write_time_series`]: its legend text and `(seconds, value)`
+/// points in time order.
+#[derive(Clone, Debug)]
+pub struct TimeSeries {
+    /// The legend text.
+    pub label: String,
+    /// `(seconds since the start, value)`.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Writes `<stem>.svg` and `<stem>.png` into `dir`: each series against
+/// time in seconds, e.g. a soak's p99 per second (`tensorwire torture`).
+/// Returns the files written; nothing when no series has two points.
+pub fn write_time_series(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    subtitle: &str,
+    y_label: &str,
+    series: &[TimeSeries],
+) -> Result<Vec<PathBuf>, BenchError> {
+    let frameworks = ["tensorwire", "grpc", "ttrpc", "raw"];
+    let lines: Vec<Series> = series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Series {
+            label: s.label.clone(),
+            style: target_style(frameworks[i % frameworks.len()], "unix"),
+            dashed: false,
+            in_legend: true,
+            points: s.points.clone(),
+        })
+        .collect();
+    if !has_a_line(&lines) {
+        return Ok(Vec::new());
+    }
+    let scale = auto_scale(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
+    let fig = Figure::Line(LineChart {
+        title: title.into(),
+        subtitle: subtitle.into(),
+        x: Axis {
+            label: "time (s)".into(),
+            scale: Scale::Linear,
+        },
+        y: Axis {
+            label: if scale.is_log() {
+                format!("{y_label}, log scale")
+            } else {
+                y_label.into()
+            },
+            scale,
+        },
+        series: lines,
+        line_kinds: Vec::new(),
+    });
+    draw::save(&fig, dir, stem)
+}
+
 /// The figures the rows support, with their file stems.
 fn figures(rows: &[Row]) -> Vec<(String, Figure)> {
     let mut out = Vec::new();

@@ -73,6 +73,10 @@ pub struct Config {
     pub soak: Duration,
     /// Whether this is the `--quick` run.
     pub quick: bool,
+    /// Run only the soak (no attack scenarios).
+    pub soak_only: bool,
+    /// The tweet classifier to put in the soak's mix, when its files exist.
+    pub classifier: Option<soak::ClassifierFiles>,
 }
 
 impl Config {
@@ -93,6 +97,8 @@ impl Config {
                 phase: Duration::from_millis(500),
                 soak: Duration::from_secs(20),
                 quick,
+                soak_only: false,
+                classifier: None,
             }
         } else {
             Config {
@@ -108,6 +114,8 @@ impl Config {
                 phase: Duration::from_secs(3),
                 soak: Duration::from_secs(3600),
                 quick,
+                soak_only: false,
+                classifier: None,
             }
         }
     }
@@ -182,7 +190,6 @@ pub struct Report {
 /// as it completes (unless `quiet`).
 pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
     let t0 = std::time::Instant::now();
-    let mut agent = agent::AgentUnderTest::start(&cfg.exe, &cfg.digits, &[])?;
     let mut rows = Vec::new();
     let push = |r: ScenarioResult, rows: &mut Vec<ScenarioResult>| {
         if !quiet {
@@ -190,28 +197,8 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
         }
         rows.push(r);
     };
-    for t in &cfg.transports {
-        let t = t.as_str();
-        if t != "shm" {
-            push(scenarios::hostile_bytes(&mut agent, cfg, t)?, &mut rows);
-            push(scenarios::slowloris(&mut agent, cfg, t)?, &mut rows);
-            push(scenarios::idle(&mut agent, cfg, t)?, &mut rows);
-            push(scenarios::churn(&mut agent, cfg, t)?, &mut rows);
-        }
-        if t == "shm" {
-            push(scenarios::shm_hostile(&mut agent, cfg)?, &mut rows);
-        }
-        push(
-            scenarios::client_kills(&mut agent, cfg, &cfg.exe.clone(), t)?,
-            &mut rows,
-        );
-    }
-    drop(agent);
-    for t in cfg.transports.iter().filter(|t| *t != "shm") {
-        push(scenarios::payload_budget(cfg, t)?, &mut rows);
-    }
-    for r in scenarios::agent_faults(cfg)? {
-        push(r, &mut rows);
+    if !cfg.soak_only {
+        attacks(cfg, &mut |r| push(r, &mut rows))?;
     }
     let mut soak_seconds = Vec::new();
     if !cfg.soak.is_zero() {
@@ -226,4 +213,36 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
         scenarios: rows,
         soak: soak_seconds,
     })
+}
+
+/// Every attack scenario on every transport it applies to, each row handed
+/// to `push` as it completes.
+fn attacks(cfg: &Config, push: &mut dyn FnMut(ScenarioResult)) -> Result<(), TortureError> {
+    let mut agent = agent::AgentUnderTest::start(&cfg.exe, &cfg.digits, &[])?;
+    for t in &cfg.transports {
+        let t = t.as_str();
+        if t != "shm" {
+            push(scenarios::hostile_bytes(&mut agent, cfg, t)?);
+            push(scenarios::slowloris(&mut agent, cfg, t)?);
+            push(scenarios::idle(&mut agent, cfg, t)?);
+            push(scenarios::churn(&mut agent, cfg, t)?);
+        }
+        if t == "shm" {
+            push(scenarios::shm_hostile(&mut agent, cfg)?);
+        }
+        push(scenarios::client_kills(
+            &mut agent,
+            cfg,
+            &cfg.exe.clone(),
+            t,
+        )?);
+    }
+    drop(agent);
+    for t in cfg.transports.iter().filter(|t| *t != "shm") {
+        push(scenarios::payload_budget(cfg, t)?);
+    }
+    for r in scenarios::agent_faults(cfg)? {
+        push(r);
+    }
+    Ok(())
 }

@@ -2,8 +2,10 @@
 //! `report.md` (the table: scenario → volume tried → defects → others'
 //! errors → others' p99 change → leaks), and the one-line form printed as
 //! each row completes; `soak.csv` holds the soak's seconds (requests,
-//! p99, the agent's RSS and descriptors): the p99 over time.
+//! p99, the agent's RSS and descriptors), drawn as `soak_p99`, `soak_rss`
+//! and `soak_fds` (`.svg` and `.png`).
 
+use crate::soak::Second;
 use crate::{Report, ScenarioResult, TortureError};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -77,7 +79,8 @@ pub fn markdown(rep: &Report) -> String {
     s
 }
 
-/// Writes `results.json` and `report.md` into `dir` (created if missing).
+/// Writes `results.json`, `report.md`, `soak.csv` and the soak's figures
+/// into `dir` (created if missing).
 pub fn write(dir: &Path, rep: &Report) -> Result<(), TortureError> {
     let err = |what: &str, e: &dyn std::fmt::Display| TortureError(format!("{what}: {e}"));
     std::fs::create_dir_all(dir).map_err(|e| err(&dir.display().to_string(), &e))?;
@@ -96,5 +99,54 @@ pub fn write(dir: &Path, rep: &Report) -> Result<(), TortureError> {
     std::fs::write(&p, csv).map_err(|e| err(&p.display().to_string(), &e))?;
     let p = dir.join("report.md");
     std::fs::write(&p, markdown(rep)).map_err(|e| err(&p.display().to_string(), &e))?;
+    plot_soak(dir, &rep.soak).map_err(|e| err("soak figures", &e))?;
+    Ok(())
+}
+
+/// At most this many points per soak figure (each point has a marker).
+const POINTS: usize = 120;
+
+/// Writes `soak_p99`, `soak_rss` and `soak_fds` (`.svg` and `.png`): the
+/// soak's p99, the agent's resident memory and its open descriptors over
+/// time. Seconds are grouped into windows so that at most [`POINTS`] are
+/// drawn; each point is the largest value of its window (a spike stays
+/// visible).
+fn plot_soak(dir: &Path, soak: &[Second]) -> Result<(), bench::BenchError> {
+    let n = soak.len().div_ceil(POINTS).max(1);
+    let series = |label: &str, f: &dyn Fn(&Second) -> f64| {
+        let points = soak
+            .chunks(n)
+            .map(|w| (w[0].t as f64, w.iter().map(f).fold(0.0, f64::max)))
+            .collect();
+        vec![bench::plot::TimeSeries {
+            label: label.into(),
+            points,
+        }]
+    };
+    let sub = format!("tensorwire torture soak · largest value of each {n} s window");
+    bench::plot::write_time_series(
+        dir,
+        "soak_p99",
+        "Soak: p99 of every checked request, per second",
+        &sub,
+        "latency (µs)",
+        &series("p99", &|s| s.p99_us),
+    )?;
+    bench::plot::write_time_series(
+        dir,
+        "soak_rss",
+        "Soak: the agent's resident memory",
+        &sub,
+        "RSS (MiB)",
+        &series("agent RSS", &|s| s.rss_kib as f64 / 1024.0),
+    )?;
+    bench::plot::write_time_series(
+        dir,
+        "soak_fds",
+        "Soak: the agent's open descriptors",
+        &sub,
+        "descriptors",
+        &series("agent descriptors", &|s| s.fds as f64),
+    )?;
     Ok(())
 }

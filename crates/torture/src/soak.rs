@@ -1,22 +1,89 @@
 //! The soak: mixed load over every transport at once for a while, every
 //! answer checked, the agent's memory and descriptors sampled each second.
 //!
-//! Per transport, four workers run at once: `sized` (sync `identity`
-//! calls of 1 B to 1 MiB, random contents, echo checked), `pipelined` (a
-//! window of 8 tickets of 4 KiB each, every response checked against its
-//! own request's bytes, so a lost, duplicated or swapped answer shows),
-//! `digits` (the model, logits checked against the first answer) and
-//! `churn` (connect, one call, disconnect). Latencies go into one bucket
-//! per second: the p99 over time. The slopes of RSS and descriptors are
-//! fitted over the run after its first fifth (warm-up).
+//! Per transport, four or five workers run at once: `sized` (sync
+//! `identity` calls of 1 B to 1 MiB, random contents, echo checked),
+//! `pipelined` (a window of 8 tickets of 4 KiB each, every response checked
+//! against its own request's bytes, so a lost, duplicated or swapped answer
+//! shows), `digits` (the model, logits checked against the first answer),
+//! `churn` (connect, one call, disconnect) and, when its files exist,
+//! `classify` (the tweet classifier, lines of the sample file tokenized and
+//! classified, logits checked bit for bit against the answers a quiet agent
+//! gave before the load started). Latencies go into one bucket per second:
+//! the p99 over time.
+//!
+//! The slopes of RSS and descriptors are fitted over the second half of the
+//! run (the first half is the allocator's warm-up) and judged when the run
+//! lasts at least [`JUDGED_SECS`]: a descriptor slope above
+//! [`FD_SLOPE_LIMIT`] or an RSS slope above [`RSS_SLOPE_LIMIT_KIB`] is a
+//! defect. The soak holds about 3 transports x 5 sessions, so a leak of one
+//! descriptor per connection (churn makes thousands a minute) or of one
+//! byte per request (about 4 million a minute) is far above either limit.
 
 use crate::agent::AgentUnderTest;
 use crate::{Config, Leaks, ScenarioResult, TortureError};
+use classifier::run::{InputLine, RemoteTarget, Target};
+use classifier::TextTokenizer;
 use client::{Client, ClientError, DType, Model, TensorRef};
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Runs this long or longer are judged on their slopes.
+pub const JUDGED_SECS: u64 = 600;
+/// Largest RSS slope over the second half that is not a defect, KiB/min.
+pub const RSS_SLOPE_LIMIT_KIB: f64 = 1024.0;
+/// Largest descriptor slope over the second half that is not a defect,
+/// per minute.
+pub const FD_SLOPE_LIMIT: f64 = 1.0;
+/// The model name the soak's agent serves the classifier under.
+const CLASSIFIER: &str = "classifier";
+
+/// The tweet classifier's files, for the soak's `classify` workers.
+#[derive(Clone, Debug)]
+pub struct ClassifierFiles {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Its tokenizer (`tokenizer.json`).
+    pub tokenizer: PathBuf,
+    /// Lines to classify (one tweet per line).
+    pub lines: PathBuf,
+}
+
+/// Lines tokenized once, and the logits a quiet agent gave for each.
+struct ClassifierWork {
+    encoded: Vec<classifier::tokenize::Encoded>,
+    reference: Vec<Vec<f32>>,
+}
+
+impl ClassifierWork {
+    /// Tokenizes up to 32 lines and asks the (still quiet) agent at `uri`
+    /// for each line's logits: the answers every later call must repeat.
+    fn prepare(files: &ClassifierFiles, uri: &str) -> Result<ClassifierWork, TortureError> {
+        let err = |e: &dyn std::fmt::Display| TortureError(format!("soak classifier: {e}"));
+        let tok = TextTokenizer::load(&files.tokenizer).map_err(|e| err(&e))?;
+        let lines: Vec<InputLine> = classifier::run::read_lines(&files.lines)
+            .map_err(|e| err(&e))?
+            .into_iter()
+            .take(32)
+            .collect();
+        if lines.is_empty() {
+            return Err(err(&format!("{} has no lines", files.lines.display())));
+        }
+        let mut target =
+            RemoteTarget::connect(uri, CLASSIFIER, Default::default()).map_err(|e| err(&e))?;
+        let mut encoded = Vec::new();
+        let mut reference = Vec::new();
+        for l in &lines {
+            let enc = tok.encode(&l.text, l.number).map_err(|e| err(&e))?;
+            reference.push(target.infer(&enc).map_err(|e| err(&e))?.logits);
+            encoded.push(enc);
+        }
+        Ok(ClassifierWork { encoded, reference })
+    }
+}
 
 /// One second of the soak.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -75,7 +142,20 @@ impl Counters {
 
 /// Runs the soak for `secs` on a fresh agent.
 pub fn soak(cfg: &Config, secs: u64) -> Result<SoakResult, TortureError> {
-    let agent = AgentUnderTest::start(&cfg.exe, &cfg.digits, &[])?;
+    let model_arg = cfg
+        .classifier
+        .as_ref()
+        .map(|f| format!("{CLASSIFIER}={}", f.model.display()));
+    let extra: Vec<&str> = match &model_arg {
+        Some(m) => vec!["--model", m],
+        None => Vec::new(),
+    };
+    let agent = AgentUnderTest::start(&cfg.exe, &cfg.digits, &extra)?;
+    let work = match &cfg.classifier {
+        Some(f) => Some(ClassifierWork::prepare(f, &agent.unix)?),
+        None => None,
+    };
+    let workers: u64 = if work.is_some() { 5 } else { 4 };
     let c = Counters {
         ok: AtomicU64::new(0),
         errors: AtomicU64::new(0),
@@ -91,8 +171,8 @@ pub fn soak(cfg: &Config, secs: u64) -> Result<SoakResult, TortureError> {
     std::thread::scope(|s| {
         for t in &cfg.transports {
             let uri = agent.uri(t).to_string();
-            for w in 0..4 {
-                let (uri, c, stop) = (uri.clone(), &c, &stop);
+            for w in 0..workers {
+                let (uri, c, stop, work) = (uri.clone(), &c, &stop, work.as_ref());
                 s.spawn(move || {
                     let mut rng = fastrand::Rng::with_seed(100 + w);
                     while !stop.load(Ordering::Relaxed) {
@@ -100,7 +180,11 @@ pub fn soak(cfg: &Config, secs: u64) -> Result<SoakResult, TortureError> {
                             0 => sized(&uri, &mut rng, c, start, stop),
                             1 => pipelined(&uri, &mut rng, c, start, stop),
                             2 => digits(&uri, c, start, stop),
-                            _ => churn(&uri, c, start),
+                            3 => churn(&uri, c, start),
+                            _ => match work {
+                                Some(w) => classify(&uri, w, c, start, stop),
+                                None => Ok(()),
+                            },
                         };
                         if let Err(e) = r {
                             c.error(false, format!("{uri}: {e}"));
@@ -142,9 +226,9 @@ pub fn soak(cfg: &Config, secs: u64) -> Result<SoakResult, TortureError> {
             sec.p99_us = v[((v.len() - 1) as f64 * 0.99) as usize] as f64 / 1e3;
         }
     }
-    let warm = samples.len() / 5;
-    let rss_slope = slope(&samples[warm..], |s| s.1 as f64) * 60.0;
-    let fd_slope = slope(&samples[warm..], |s| s.2 as f64) * 60.0;
+    let half = samples.len() / 2;
+    let rss_slope = slope(&samples[half..], |s| s.1 as f64) * 60.0;
+    let fd_slope = slope(&samples[half..], |s| s.2 as f64) * 60.0;
     let p99s: Vec<f64> = seconds
         .iter()
         .map(|s| s.p99_us)
@@ -161,18 +245,37 @@ pub fn soak(cfg: &Config, secs: u64) -> Result<SoakResult, TortureError> {
         .map_or(0.0, |&ns| ns as f64 / 1e3);
     let mut notes = vec![
         format!(
-            "{} transports x (sized 1 B-1 MiB, pipelined window of 8, digits, churn) for {secs} s",
-            cfg.transports.len()
+            "{} transports x (sized 1 B-1 MiB, pipelined window of 8, digits, churn{}) for {secs} s",
+            cfg.transports.len(),
+            if work.is_some() { ", classifier" } else { "" }
         ),
         format!(
-            "RSS slope {rss_slope:+.0} KiB/min, descriptors slope {fd_slope:+.2}/min (after the first fifth); p99 {p99_first:.0} us in the first second, {p99_last:.0} us in the last"
+            "RSS slope {rss_slope:+.0} KiB/min, descriptors slope {fd_slope:+.2}/min (second half); p99 {p99_first:.0} us in the first second, {p99_last:.0} us in the last"
         ),
     ];
+    let mut defects = 0;
+    if secs < JUDGED_SECS {
+        notes.push(format!(
+            "slopes not judged: runs of {JUDGED_SECS} s or more are"
+        ));
+    } else {
+        if rss_slope > RSS_SLOPE_LIMIT_KIB {
+            defects += 1;
+            notes.push(format!(
+                "defect: RSS grew {rss_slope:.0} KiB/min over the second half (limit {RSS_SLOPE_LIMIT_KIB:.0})"
+            ));
+        }
+        if fd_slope > FD_SLOPE_LIMIT {
+            defects += 1;
+            notes.push(format!(
+                "defect: descriptors grew {fd_slope:.2}/min over the second half (limit {FD_SLOPE_LIMIT:.0})"
+            ));
+        }
+    }
     let first = c.first_errors.into_inner().unwrap_or_default();
     if !first.is_empty() {
         notes.push(format!("errors: {}", first.join("; ")));
     }
-    let mut defects = 0;
     let alive = {
         let mut a = agent;
         a.check_alive()
@@ -313,6 +416,42 @@ fn digits(uri: &str, c: &Counters, start: Instant, stop: &AtomicBool) -> Result<
             }
             Some(w) if *w == got => c.done(start, sent),
             Some(_) => c.error(true, format!("{uri}: digits gave other logits")),
+        }
+    }
+    Ok(())
+}
+
+fn classify(
+    uri: &str,
+    work: &ClassifierWork,
+    c: &Counters,
+    start: Instant,
+    stop: &AtomicBool,
+) -> Result<(), ClientError> {
+    let mut target = match RemoteTarget::connect(uri, CLASSIFIER, Default::default()) {
+        Ok(t) => t,
+        Err(e) => {
+            c.error(false, format!("{uri}: classifier session: {e}"));
+            std::thread::sleep(Duration::from_millis(10));
+            return Ok(());
+        }
+    };
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let line = i % work.encoded.len();
+        i += 1;
+        let sent = Instant::now();
+        match target.infer(&work.encoded[line]) {
+            Ok(r) if r.logits == work.reference[line] => c.done(start, sent),
+            Ok(_) => c.error(
+                true,
+                format!("{uri}: the classifier gave other logits for line {line}"),
+            ),
+            Err(e) => {
+                c.error(false, format!("{uri}: classifier: {e}"));
+                std::thread::sleep(Duration::from_millis(10));
+                return Ok(());
+            }
         }
     }
     Ok(())

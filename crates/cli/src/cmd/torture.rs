@@ -6,7 +6,8 @@
 //! behind).
 
 use super::CmdError;
-use std::path::PathBuf;
+use classifier::paths;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `torture`.
 #[derive(clap::Args)]
@@ -24,7 +25,14 @@ pub struct Args {
     /// Seconds of the soak (default: 20 quick, 3600 full; 0 skips it).
     #[arg(long, value_name = "SECS")]
     soak_secs: Option<u64>,
-    /// Write results.json, report.md and soak.csv here.
+    /// Run only the soak, none of the attacks.
+    #[arg(long)]
+    soak_only: bool,
+    /// Leave the tweet classifier out of the soak's mix (it is in when
+    /// models/build/tweet_classifier.onnx and its tokenizer exist).
+    #[arg(long)]
+    no_classifier: bool,
+    /// Write results.json, report.md, soak.csv and the soak figures here.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// The digits model the agent serves beside identity (default:
@@ -64,11 +72,34 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         }
         cfg.soak = std::time::Duration::from_secs(s);
     }
+    cfg.soak_only = a.soak_only;
+    if a.soak_only && cfg.soak.is_zero() {
+        return Err("--soak-only with --soak-secs 0 runs nothing".into());
+    }
+    if !a.no_classifier {
+        let files = torture::soak::ClassifierFiles {
+            model: paths::resolve(Path::new(paths::DEFAULT_MODEL)),
+            tokenizer: paths::resolve(Path::new(paths::DEFAULT_TOKENIZER)),
+            lines: paths::resolve(Path::new(paths::SAMPLE_TWEETS)),
+        };
+        if [&files.model, &files.tokenizer, &files.lines]
+            .iter()
+            .all(|p| p.is_file())
+        {
+            cfg.classifier = Some(files);
+        } else {
+            println!(
+                "the soak runs without the classifier: {} or its tokenizer is missing ({})",
+                files.model.display(),
+                paths::SETUP_HINT
+            );
+        }
+    }
     let report = torture::run(&cfg, false)?;
     if let Some(dir) = &a.out {
         torture::report::write(dir, &report)?;
         println!(
-            "wrote results.json, report.md and soak.csv to {}",
+            "wrote results.json, report.md, soak.csv and the soak figures to {}",
             dir.display()
         );
     }
