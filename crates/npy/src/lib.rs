@@ -21,6 +21,16 @@
 //! Files are written exactly as NumPy 2 writes them (same header text and
 //! padding, data starting on a 64-byte boundary), so `numpy.load` reads them
 //! and a byte-for-byte comparison with NumPy's own output holds.
+//!
+//! Why this is not a maintained crate: the two that read `.npy` headers,
+//! `ndarray-npy` 0.10 and `npyz` 0.8, both parse the header dictionary with
+//! `py_literal`, whose grammar backtracks exponentially on nested brackets.
+//! Measured on 2026-11-27 (`ndarray_npy::npy::header::Header::from_reader`,
+//! debug build): a header whose `descr` is 15 nested `[` took 8 s to parse,
+//! 18 took 75 s, so a 100-byte file from outside can hold a reader for
+//! hours. This crate's parser accepts only the tiny literal NumPy writes and
+//! is linear in the header length (bounded by [`MAX_HEADER_LEN`]); the test
+//! `nested_brackets_are_refused_at_once` keeps it so.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
@@ -965,6 +975,21 @@ mod tests {
         let dims = vec!["1"; MAX_NDIM + 1].join(", ");
         let dict = format!("{{'descr': '<i4', 'fortran_order': False, 'shape': ({dims}), }}");
         assert!(err_text(&file_with(&dict, &[0; 4])).contains("dimensions"));
+    }
+
+    /// The header that makes `py_literal`-based readers backtrack for hours
+    /// (see the crate doc) is refused here in one linear pass.
+    #[test]
+    fn nested_brackets_are_refused_at_once() {
+        let deep = 20_000;
+        let dict = format!(
+            "{{'descr': {}'<i4'{}, 'fortran_order': False, 'shape': (2,), }}",
+            "[".repeat(deep),
+            "]".repeat(deep)
+        );
+        // An exponential parser would not return from this call.
+        let s = err_text(&file_with(&dict, &[0; 8]));
+        assert!(s.contains("structured"), "{s}");
     }
 
     #[test]
