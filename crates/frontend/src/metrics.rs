@@ -787,7 +787,10 @@ mod tests {
             sample(&held, &format!("nv_inference_pending_request_count{q}")),
             1.0
         );
-        assert_eq!(sample(&held, &format!("tensorwire_queue_runs_total{q}")), 0.0);
+        assert_eq!(
+            sample(&held, &format!("tensorwire_queue_runs_total{q}")),
+            0.0
+        );
         assert!(model
             .queue
             .run(Ask::default(), &mut Timeline::default(), || ())
