@@ -22,7 +22,9 @@
 //! load), [`report`] (the files).
 
 pub mod agent;
+pub mod budget;
 pub mod hostile;
+pub mod kills;
 pub mod observer;
 pub mod report;
 pub mod scenarios;
@@ -52,6 +54,9 @@ pub struct Config {
     pub exe: PathBuf,
     /// The digits model (`models/build/digits_mlp.onnx`).
     pub digits: PathBuf,
+    /// The slow model the kills aim at (`slow_echo.onnx` beside digits,
+    /// built by `models/build_slow_echo.py`).
+    pub slow: PathBuf,
     /// Transports to attack (of `unix`, `tcp`, `shm`; the socket attacks
     /// skip `shm`).
     pub transports: Vec<String>,
@@ -79,10 +84,12 @@ impl Config {
     /// The `--quick` run (about a minute, for CI) or the full one.
     pub fn new(exe: PathBuf, digits: PathBuf, quick: bool) -> Config {
         let transports = ["unix", "tcp", "shm"].map(String::from).to_vec();
+        let slow = digits.with_file_name("slow_echo.onnx");
         if quick {
             Config {
                 exe,
                 digits,
+                slow: slow.clone(),
                 transports,
                 messages: 3_000,
                 slow_senders: 32,
@@ -98,6 +105,7 @@ impl Config {
             Config {
                 exe,
                 digits,
+                slow,
                 transports,
                 messages: 500_000,
                 slow_senders: 256,
@@ -209,6 +217,12 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
     drop(agent);
     for t in cfg.transports.iter().filter(|t| *t != "shm") {
         push(scenarios::payload_budget(cfg, t)?, &mut rows);
+    }
+    for r in budget::real_bytes_rows(cfg)? {
+        push(r, &mut rows);
+    }
+    for r in kills::kill_stages(cfg)? {
+        push(r, &mut rows);
     }
     for r in scenarios::agent_faults(cfg)? {
         push(r, &mut rows);
