@@ -18,8 +18,10 @@
 //!
 //! Modules: [`agent`] (the child under test and its `/proc` readings),
 //! [`observer`] (the well-behaved client), [`hostile`] (the hostile
-//! messages), [`scenarios`] (the attacks), [`soak`] (the long mixed
-//! load), [`report`] (the files).
+//! messages), [`scenarios`] (the attacks), [`kills`] (clients killed at a
+//! chosen stage of their request), [`budget`] (the payload budget against
+//! real bytes, and its control run), [`soak`] (the long mixed load),
+//! [`report`] (the files).
 
 pub mod agent;
 pub mod budget;
