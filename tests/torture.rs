@@ -65,8 +65,23 @@ fn torture_quick_is_clean() {
     }
     let shm = has("hostile shm clients", "shm");
     assert!(shm["tried"].as_u64() >= Some(30), "{shm}");
+    let row = has("payload budget, real bytes", "unix");
+    assert!(row["tried"].as_u64() >= Some(16), "{row}");
+    has("payload budget, real bytes (control)", "unix");
     for t in ["unix", "tcp", "shm"] {
         has("client killed mid-request", t);
+        for stage in ["queued", "computing", "answered"] {
+            let row = rows
+                .iter()
+                .find(|x| {
+                    x["transport"] == t
+                        && x["name"].as_str().is_some_and(|n| {
+                            n.starts_with(&format!("client killed while {stage} ("))
+                        })
+                })
+                .unwrap_or_else(|| panic!("no kill row {stage} / {t}"));
+            assert!(row["tried"].as_u64() >= Some(1), "{row}");
+        }
         for name in [
             "agent stopped (SIGSTOP)",
             "agent killed (SIGKILL)",

@@ -149,6 +149,18 @@ const FAMILIES: &[Family] = &[
         MODEL,
     ),
     family(
+        "tensorwire_queue_running",
+        "Instantaneous number of engine runs of the model in progress (a batch is one run)",
+        GAUGE,
+        MODEL,
+    ),
+    family(
+        "tensorwire_queue_runs_total",
+        "Engine runs of the model completed (successful or not; a batch is one run)",
+        COUNTER,
+        MODEL,
+    ),
+    family(
         "tensorwire_queue_overloaded_total",
         "Requests refused at once because the model's queue was full (max_queue)",
         COUNTER,
@@ -365,6 +377,8 @@ fn model_metrics(i: usize, s: &StatsSnapshot, q: &QueueStats) -> Vec<Metric> {
         "nv_inference_compute_infer_duration_us" => one(counter(us(s.compute_infer.ns))),
         "nv_inference_compute_output_duration_us" => one(counter(us(s.compute_output.ns))),
         "nv_inference_pending_request_count" => one(gauge(q.waiting as f64)),
+        "tensorwire_queue_running" => one(gauge(q.running as f64)),
+        "tensorwire_queue_runs_total" => one(counter(q.completed as f64)),
         "tensorwire_queue_overloaded_total" => one(counter(q.overloaded as f64)),
         "tensorwire_queue_timeouts_total" => one(counter(q.timed_out as f64)),
         "tensorwire_batches_total" => one(counter(s.batches as f64)),
@@ -766,6 +780,17 @@ mod tests {
             })
         };
         wait(&|s| s.waiting == 1);
+        let q = r#"{model="q",version="1"}"#;
+        let held = m.render().expect("render");
+        assert_eq!(sample(&held, &format!("tensorwire_queue_running{q}")), 1.0);
+        assert_eq!(
+            sample(&held, &format!("nv_inference_pending_request_count{q}")),
+            1.0
+        );
+        assert_eq!(
+            sample(&held, &format!("tensorwire_queue_runs_total{q}")),
+            0.0
+        );
         assert!(model
             .queue
             .run(Ask::default(), &mut Timeline::default(), || ())
@@ -787,7 +812,12 @@ mod tests {
         let _ = tx.send(());
         holder.join().expect("holder");
         let text = m.render().expect("render");
-        let q = r#"{model="q",version="1"}"#;
+        assert_eq!(
+            sample(&text, &format!("tensorwire_queue_runs_total{q}")),
+            3.0,
+            "the holder, the waiter and the second holder ran"
+        );
+        assert_eq!(sample(&text, &format!("tensorwire_queue_running{q}")), 0.0);
         assert_eq!(
             sample(&text, &format!("tensorwire_queue_overloaded_total{q}")),
             1.0

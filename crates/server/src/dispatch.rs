@@ -44,8 +44,16 @@ use wire::{
     TIMELINE_LEN,
 };
 
-/// Bytes of large payload buffers the agent keeps for reuse.
+/// Bytes of large payload buffers the agent keeps for reuse (at most its
+/// payload budget: pooled pages stay resident, so a pool larger than the
+/// budget would let payload memory outgrow it).
 const POOL_BYTES: usize = 512 << 20;
+
+/// The share of the payload budget (1/8) that only requests of one
+/// [`RESERVE_STEP`] or less may take: connections that really send large
+/// payloads and stall hold the rest at most, so small requests are still
+/// taken meanwhile.
+const SMALL_SHARE: u64 = 8;
 /// Most large payload buffers the agent keeps for reuse.
 const POOL_BUFS: usize = 32;
 
@@ -128,15 +136,14 @@ impl<'a> Prepared<'a> {
             return true;
         }
         let more = end - have;
-        let took = self._in_flight.core.payload_budget.fetch_update(
-            Ordering::AcqRel,
-            Ordering::Acquire,
-            |left| left.checked_sub(more),
-        );
-        if took.is_ok() {
+        let took = self
+            ._in_flight
+            .core
+            .take_budget(more, self._in_flight.payload_len);
+        if took {
             held.fetch_add(more, Ordering::Relaxed);
         }
-        took.is_ok()
+        took
     }
 
     /// The request's tenant (none without a tenants file, or in-process).
@@ -166,6 +173,9 @@ struct InFlight<'a> {
     core: &'a AgentCore,
     /// Payload budget bytes held.
     reserved: AtomicU64,
+    /// The request's whole payload (what decides whether it may take the
+    /// budget's small share).
+    payload_len: u64,
     /// The model, for its statistics (a second handle to `Prepared::model`:
     /// the guard records into it when dropped).
     model: Arc<ModelEntry>,
@@ -273,6 +283,8 @@ pub struct AgentCore {
     in_flight: AtomicUsize,
     /// Payload bytes that requests in flight may still hold, agent-wide.
     payload_budget: AtomicU64,
+    /// The part of it kept for requests of one step ([`SMALL_SHARE`]).
+    small_share: u64,
     drain_lock: Mutex<()>,
     drain_cv: Condvar,
 }
@@ -285,12 +297,16 @@ impl AgentCore {
             registry,
             limits,
             counters: Counters::default(),
-            pool: BufPool::new(POOL_BYTES, POOL_BUFS),
+            pool: BufPool::new(
+                POOL_BYTES.min(usize::try_from(payload_budget).unwrap_or(usize::MAX)),
+                POOL_BUFS,
+            ),
             timing: true,
             tenants: None,
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             payload_budget: AtomicU64::new(payload_budget),
+            small_share: payload_budget / SMALL_SHARE,
             drain_lock: Mutex::new(()),
             drain_cv: Condvar::new(),
         }
@@ -511,6 +527,23 @@ impl AgentCore {
         }
     }
 
+    /// Takes `more` bytes of the payload budget for a request whose whole
+    /// payload is `payload_len`; false when they are not there. A request
+    /// of more than one [`RESERVE_STEP`] must leave the budget's small
+    /// share ([`SMALL_SHARE`]) untouched.
+    fn take_budget(&self, more: u64, payload_len: u64) -> bool {
+        let keep = if payload_len <= RESERVE_STEP {
+            0
+        } else {
+            self.small_share
+        };
+        self.payload_budget
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(more).filter(|rest| *rest >= keep)
+            })
+            .is_ok()
+    }
+
     /// The refusal of request `id` (a `len`-byte payload) for want of
     /// payload budget.
     pub fn over_budget(&self, id: u64, len: u64) -> Reply {
@@ -668,14 +701,11 @@ impl AgentCore {
         // connection. (Nothing to reserve over shared memory: skip the
         // atomic.)
         let reserved = if want == 0 {
-            Ok(0)
+            true
         } else {
-            self.payload_budget
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-                    left.checked_sub(want)
-                })
+            self.take_budget(want, h.payload_len)
         };
-        if reserved.is_err() {
+        if !reserved {
             return Err(refuse(self.over_budget(id, h.payload_len)));
         }
         // Counted in flight before the second look at `closing` below;
@@ -695,6 +725,7 @@ impl AgentCore {
             _in_flight: InFlight {
                 core: self,
                 reserved: AtomicU64::new(want),
+                payload_len: h.payload_len,
                 model,
                 arrived,
                 answered: AtomicBool::new(false),
@@ -976,7 +1007,8 @@ mod tests {
     #[test]
     fn a_streamed_payload_takes_the_budget_as_it_arrives() {
         let step = RESERVE_STEP;
-        let core = AgentCore::new(ModelRegistry::with_identity(), Limits::default(), 3 * step);
+        // Four steps: half a step of it is kept for one-step requests.
+        let core = AgentCore::new(ModelRegistry::with_identity(), Limits::default(), 4 * step);
         let grant = Grant::open(core.limits);
         let tl = Timeline::default();
         let (big, bd) = request(10 * step);
@@ -1004,8 +1036,61 @@ mod tests {
         drop(whole);
         assert_eq!(
             core.payload_budget.load(Ordering::Relaxed),
-            3 * step,
+            4 * step,
             "the budget is whole again"
+        );
+    }
+
+    #[test]
+    fn large_payloads_leave_the_small_share_of_the_budget() {
+        let step = RESERVE_STEP;
+        // Eight steps: one of them only for requests of one step or less.
+        let core = AgentCore::new(ModelRegistry::with_identity(), Limits::default(), 8 * step);
+        let grant = Grant::open(core.limits);
+        let tl = Timeline::default();
+        let (big, bd) = request(32 * step);
+        let a = core
+            .prepare_streamed(Via::Other, &big, &bd, &grant, &tl)
+            .expect("its first step fits");
+        let mut end = step;
+        while a.reserve_through(end + step) {
+            end += step;
+        }
+        assert_eq!(
+            end,
+            7 * step,
+            "a large payload stops short of the small share"
+        );
+        assert!(
+            core.prepare_streamed(Via::Other, &big, &bd, &grant, &tl)
+                .is_err(),
+            "so does another one's first step"
+        );
+        let (small, sd) = request(300);
+        let (one_step, od) = request(step);
+        let s1 = core
+            .prepare_streamed(Via::Other, &small, &sd, &grant, &tl)
+            .expect("a small request is still taken");
+        drop(s1);
+        let s2 = core
+            .prepare_streamed(Via::Other, &one_step, &od, &grant, &tl)
+            .expect("so is one of exactly one step");
+        assert!(s2.reserve_through(step));
+        drop((a, s2));
+        assert_eq!(core.payload_budget.load(Ordering::Relaxed), 8 * step);
+    }
+
+    #[test]
+    fn the_buffer_pool_keeps_at_most_the_payload_budget() {
+        let core = AgentCore::new(ModelRegistry::with_identity(), Limits::default(), 1 << 20);
+        let bufs: Vec<_> = (0..3)
+            .map(|_| core.pool.take(512 << 10).expect("buffer"))
+            .collect();
+        drop(bufs);
+        assert_eq!(
+            core.pool.held(),
+            2,
+            "two 512 KiB buffers are the 1 MiB budget"
         );
     }
 

@@ -165,6 +165,11 @@ impl SocketSession {
         while at < len {
             let end = (at + RESERVE_STEP as usize).min(len);
             if !prep.reserve_through(end as u64) {
+                // The budget and the bytes it counted go back together,
+                // before the rest is skipped (a peer may take long to
+                // send it): a buffer kept meanwhile would hold pages the
+                // budget no longer counts.
+                drop(buf);
                 drop(prep);
                 let r = core.fail(core.over_budget(h.request_id, h.payload_len));
                 return conn.skip_payload((len - at) as u64).is_ok() && send(conn, &r, &[]);

@@ -28,6 +28,9 @@ pub struct AgentUnderTest {
     pub tcp: String,
     /// `shm://…`.
     pub shm: String,
+    /// `http://127.0.0.1:PORT` of its Prometheus metrics, when it was
+    /// started with `--metrics-listen`.
+    pub metrics: Option<String>,
 }
 
 impl AgentUnderTest {
@@ -62,7 +65,7 @@ impl AgentUnderTest {
         args.push(format!("digits={}", digits.display()));
         args.extend(extra.iter().map(|s| s.to_string()));
         let stderr_path = dir.path().join("agent.stderr");
-        let (child, uris) = spawn(exe, &args, &stderr_path)?;
+        let (child, uris, metrics) = spawn(exe, &args, &stderr_path)?;
         let pick = |scheme: &str| {
             uris.iter()
                 .find(|u| u.starts_with(scheme))
@@ -73,6 +76,7 @@ impl AgentUnderTest {
             unix: pick("unix://")?,
             tcp: pick("tcp://")?,
             shm: pick("shm://")?,
+            metrics,
             child,
             _dir: dir,
             stderr_path,
@@ -97,7 +101,8 @@ impl AgentUnderTest {
                 }
             })
             .collect();
-        let (child, _) = spawn(&self.exe, &args, &self.stderr_path)?;
+        let (child, _, metrics) = spawn(&self.exe, &args, &self.stderr_path)?;
+        self.metrics = metrics;
         self.child = child;
         Ok(())
     }
@@ -206,13 +211,18 @@ impl Drop for AgentUnderTest {
     }
 }
 
-/// Runs `exe serve args…` and waits for its three `listening on` lines;
-/// returns the child and the URIs it printed.
+/// Runs `exe serve args…` and waits for its three `listening on` lines
+/// (and its `metrics on` line when asked for); returns the child, the URIs
+/// and the metrics URI it printed.
 fn spawn(
     exe: &Path,
     args: &[String],
     stderr_path: &Path,
-) -> Result<(Child, Vec<String>), TortureError> {
+) -> Result<(Child, Vec<String>, Option<String>), TortureError> {
+    // With a metrics listener its line comes after the endpoints': wait for
+    // it too (the agent must not print into a pipe nobody reads).
+    let wants_metrics = args.iter().any(|a| a == "--metrics-listen");
+    let mut metrics = None;
     let stderr = std::fs::File::create(stderr_path)
         .map_err(|e| TortureError(format!("{}: {e}", stderr_path.display())))?;
     let mut cmd = Command::new(exe);
@@ -242,12 +252,14 @@ fn spawn(
     });
     let deadline = Instant::now() + START_TIMEOUT;
     let mut uris = Vec::new();
-    while uris.len() < 3 {
+    while uris.len() < 3 || (wants_metrics && metrics.is_none()) {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(u) = line.strip_prefix("listening on ") {
                     uris.push(u.trim().to_string());
+                } else if let Some(u) = line.strip_prefix("metrics on ") {
+                    metrics = Some(u.trim().to_string());
                 }
             }
             Err(_) => {
@@ -260,7 +272,7 @@ fn spawn(
             }
         }
     }
-    Ok((child, uris))
+    Ok((child, uris, metrics))
 }
 
 /// `VmRSS` of process `pid`, KiB (0 when unreadable).

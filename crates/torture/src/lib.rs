@@ -18,11 +18,15 @@
 //!
 //! Modules: [`agent`] (the child under test and its `/proc` readings),
 //! [`observer`] (the well-behaved client), [`hostile`] (the hostile
-//! messages), [`scenarios`] (the attacks), [`soak`] (the long mixed
-//! load), [`report`] (the files).
+//! messages), [`scenarios`] (the attacks), [`kills`] (clients killed at a
+//! chosen stage of their request), [`budget`] (the payload budget against
+//! real bytes, and its control run), [`soak`] (the long mixed load),
+//! [`report`] (the files).
 
 pub mod agent;
+pub mod budget;
 pub mod hostile;
+pub mod kills;
 pub mod observer;
 pub mod report;
 pub mod scenarios;
@@ -52,6 +56,9 @@ pub struct Config {
     pub exe: PathBuf,
     /// The digits model (`models/build/digits_mlp.onnx`).
     pub digits: PathBuf,
+    /// The slow model the kills aim at (`slow_echo.onnx` beside digits,
+    /// built by `models/build_slow_echo.py`).
+    pub slow: PathBuf,
     /// Transports to attack (of `unix`, `tcp`, `shm`; the socket attacks
     /// skip `shm`).
     pub transports: Vec<String>,
@@ -83,10 +90,12 @@ impl Config {
     /// The `--quick` run (about a minute, for CI) or the full one.
     pub fn new(exe: PathBuf, digits: PathBuf, quick: bool) -> Config {
         let transports = ["unix", "tcp", "shm"].map(String::from).to_vec();
+        let slow = digits.with_file_name("slow_echo.onnx");
         if quick {
             Config {
                 exe,
                 digits,
+                slow: slow.clone(),
                 transports,
                 messages: 3_000,
                 slow_senders: 32,
@@ -104,6 +113,7 @@ impl Config {
             Config {
                 exe,
                 digits,
+                slow,
                 transports,
                 messages: 500_000,
                 slow_senders: 256,
@@ -240,6 +250,12 @@ fn attacks(cfg: &Config, push: &mut dyn FnMut(ScenarioResult)) -> Result<(), Tor
     drop(agent);
     for t in cfg.transports.iter().filter(|t| *t != "shm") {
         push(scenarios::payload_budget(cfg, t)?);
+    }
+    for r in budget::real_bytes_rows(cfg)? {
+        push(r);
+    }
+    for r in kills::kill_stages(cfg)? {
+        push(r);
     }
     for r in scenarios::agent_faults(cfg)? {
         push(r);

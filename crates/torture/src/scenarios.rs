@@ -28,13 +28,13 @@ use wire::{encode_hello, Header, Kind, Limits, HEADER_LEN};
 pub const HANG_LIMIT: Duration = Duration::from_secs(5);
 
 /// A plain socket to the agent.
-enum Sock {
+pub(crate) enum Sock {
     Unix(UnixStream),
     Tcp(TcpStream),
 }
 
 impl Sock {
-    fn connect(uri: &str) -> std::io::Result<Sock> {
+    pub(crate) fn connect(uri: &str) -> std::io::Result<Sock> {
         let s = match Endpoint::parse(uri) {
             Ok(Endpoint::Unix(p)) => Sock::Unix(UnixStream::connect(p)?),
             Ok(Endpoint::Tcp { addr, .. }) => {
@@ -52,7 +52,7 @@ impl Sock {
         Ok(s)
     }
 
-    fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+    pub(crate) fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         match self {
             Sock::Unix(s) => {
                 s.set_read_timeout(t)?;
@@ -65,21 +65,21 @@ impl Sock {
         }
     }
 
-    fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
+    pub(crate) fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
         match self {
             Sock::Unix(s) => s.write_all(b),
             Sock::Tcp(s) => s.write_all(b),
         }
     }
 
-    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+    pub(crate) fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Sock::Unix(s) => s.read(b),
             Sock::Tcp(s) => s.read(b),
         }
     }
 
-    fn shutdown_write(&self) {
+    pub(crate) fn shutdown_write(&self) {
         let _ = match self {
             Sock::Unix(s) => s.shutdown(Shutdown::Write),
             Sock::Tcp(s) => s.shutdown(Shutdown::Write),
@@ -87,7 +87,7 @@ impl Sock {
     }
 
     /// Sends a Hello and reads the HelloAck.
-    fn hello(&mut self) -> std::io::Result<()> {
+    pub(crate) fn hello(&mut self) -> std::io::Result<()> {
         let body = encode_hello(&Limits {
             max_tensors: 0,
             max_in_flight: 0,
@@ -113,7 +113,7 @@ impl Sock {
         self.read_exact(&mut body)
     }
 
-    fn read_exact(&mut self, b: &mut [u8]) -> std::io::Result<()> {
+    pub(crate) fn read_exact(&mut self, b: &mut [u8]) -> std::io::Result<()> {
         match self {
             Sock::Unix(s) => s.read_exact(b),
             Sock::Tcp(s) => s.read_exact(b),
@@ -182,7 +182,7 @@ fn attack_once(uri: &str, hello: bool, bytes: &[u8]) -> Outcome {
     }
 }
 
-fn is_timeout(e: &std::io::Error) -> bool {
+pub(crate) fn is_timeout(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
@@ -191,7 +191,7 @@ fn is_timeout(e: &std::io::Error) -> bool {
 
 /// Runs `attack` on the agent's `transport` between an observer's
 /// before and after phases, and measures what it left behind.
-fn scenario(
+pub(crate) fn scenario(
     agent: &mut AgentUnderTest,
     cfg: &Config,
     name: &str,
@@ -817,7 +817,7 @@ pub fn payload_budget(cfg: &Config, transport: &str) -> Result<ScenarioResult, T
 
 /// The id of the agent's `identity` model (it takes any tensors, so a
 /// hostile request to it reaches every check of the descriptors).
-fn identity_id(uri: &str) -> Result<u32, TortureError> {
+pub(crate) fn identity_id(uri: &str) -> Result<u32, TortureError> {
     let c = client::Client::connect(uri).map_err(|e| TortureError(format!("{uri}: {e}")))?;
     let m = c
         .model("identity")
