@@ -1,4 +1,4 @@
-//! [`ChildPeer`]: the echo-peer process of the raw floors (`ping --raw`):
+//! `ChildPeer`: the echo-peer process of the raw floors (`ping --raw`):
 //! spawned from a copy of the caller's command, killed and reaped on every
 //! path unless it exits cleanly when asked, so a floor measurement never
 //! leaves a process behind. Shared by [`crate::raw`] and [`crate::raw_shm`],

@@ -188,7 +188,7 @@ fn run(rx: Receiver<Job>) {
 
 impl Ticket {
     /// Calls `f` with this request's response (or error) when it comes, on
-    /// the session's completion thread (see [`crate::completion`]); returns
+    /// the session's completion thread (see the `completion` module); returns
     /// at once. `f` runs exactly once, also when the request times out
     /// ([`ClientError::Timeout`], after the client's timeout) or the
     /// session ends.

@@ -1,5 +1,5 @@
 //! The agent's standard front doors: protocols other people's clients
-//! already speak, served over the same [`server::dispatch::AgentCore`] as
+//! already speak, served over the same `server::dispatch::AgentCore` as
 //! tensorwire's own wire protocol.
 //!
 //! Today that is the KServe v2 ("Open Inference Protocol") gRPC service,

@@ -415,7 +415,7 @@ impl GrpcInferenceService for KServeService {
         Ok(Response::new(SystemSharedMemoryStatusResponse { regions }))
     }
 
-    /// Registers a region (see [`crate::sysshm`] for the checks).
+    /// Registers a region (see the `sysshm` module for the checks).
     async fn system_shared_memory_register(
         &self,
         request: Request<SystemSharedMemoryRegisterRequest>,

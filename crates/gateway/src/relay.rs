@@ -1,4 +1,4 @@
-//! [`serve_connection`]: one downstream connection, from its Hello to its
+//! `serve_connection`: one downstream connection, from its Hello to its
 //! hang-up, on one thread of its own.
 //!
 //! The thread reads a request from the downstream socket, checks it as the

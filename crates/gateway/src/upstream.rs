@@ -8,7 +8,7 @@
 //!
 //! When the agent cannot be reached, [`Upstream::connect`] fails with
 //! `unavailable` and the gateway backs off: for a while
-//! ([`Backoff`], doubling from [`BACKOFF_MIN`] to [`BACKOFF_MAX`]) new
+//! (`Backoff`, doubling from [`BACKOFF_MIN`] to [`BACKOFF_MAX`]) new
 //! sessions are refused at once without dialling, then one dial is tried
 //! again. A success resets it. So a restarted agent is used again by the
 //! next session after at most `BACKOFF_MAX`, and a gateway whose agent is

@@ -63,7 +63,7 @@ impl Client {
     /// `TCP_NODELAY` unless `nodelay=0`).
     ///
     /// The connection is probed with one short call before it is returned,
-    /// and made again (up to [`CONNECT_TRIES`] times) if the probe's answer
+    /// and made again (up to `CONNECT_TRIES` times) if the probe's answer
     /// never comes: with ttrpc 0.10 under CPU load, about one fresh
     /// connection in 15 loses its first response (the call times out after
     /// 30 s; seen in this crate's tests). The probe is set-up, not a

@@ -15,13 +15,13 @@
 //! 2. Otherwise it is *staged*: each input is copied once into its
 //!    model's **tensor queue** for that input, a [`TensorRing`] (a memfd
 //!    mapped twice back to back), in arrival order; then it waits in line
-//!    as a [`Member`]. A request that finds a queue without room (or one
+//!    as a `Member`. A request that finds a queue without room (or one
 //!    that cannot be made) is not staged: it waits in line on its own
 //!    bytes and runs alone, so what the batcher holds is bounded by its
 //!    rings. A request the queue would refuse at once (full, or a priority
 //!    the model lacks) is refused before anything is copied.
 //! 3. When its turn comes it leads: it takes the compatible members behind
-//!    it ([`ModelQueue::take_followers`]: best turn first, up to
+//!    it (`ModelQueue::take_followers`: best turn first, up to
 //!    `max_batch` rows, waiting up to `max_queue_delay` for a preferred
 //!    size). Members staged back to back in every ring form the batch in
 //!    place: the ring's second mapping makes even a batch that wraps past

@@ -18,7 +18,7 @@
 //! tensors placed wherever the transport put them, timeline stamped, checked
 //! against the session's limits).
 //!
-//! The same steps keep each model's [`ModelStats`]: `prepare_via` counts
+//! The same steps keep each model's [`ModelStats`](crate::stats::ModelStats): `prepare_via` counts
 //! the request for its model and transport, `respond` records a success
 //! with its stage durations, and a request that ends without a response
 //! (refused, failed, or dropped with its connection) is recorded as a

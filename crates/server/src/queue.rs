@@ -143,7 +143,7 @@
 //! (one compare-and-swap) looks at no tenant.
 //!
 //! Dynamic batching uses the same line (see [`crate::batcher`]): a
-//! request that may share a run waits as a [`Member`]; when its turn comes
+//! request that may share a run waits as a `Member`; when its turn comes
 //! it *leads*: holding the run, it takes the compatible members waiting
 //! behind it (in turn order, up to the batch's limit, waiting up to the
 //! model's queue delay for more) along into one run. A member taken along
@@ -312,7 +312,7 @@ impl std::fmt::Display for Refused {
 /// [`QueuePolicy`].
 ///
 /// A request that finds the model free and nobody waiting is admitted by
-/// one compare-and-swap on [`word`](Self::word), without the lock: the
+/// one compare-and-swap on its `word`, without the lock: the
 /// common case of an idle or lightly used model costs two atomic
 /// operations, not two lock round trips. As soon as one request has to
 /// wait, every later one goes through the lock and the policy's order; the

@@ -387,7 +387,7 @@ impl StreamConn {
         self.sock.shutdown(Shutdown::Both)
     }
 
-    /// Sends one message; see [`send_message`].
+    /// Sends one message; see `send_message`.
     pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
         send_message(&self.sock, header, desc, tensors, None)
     }
@@ -551,14 +551,14 @@ impl AsFd for StreamConn {
 }
 
 impl StreamWriter {
-    /// Sends one message; see [`send_message`].
+    /// Sends one message; see `send_message`.
     pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
         send_message(&self.sock, header, desc, tensors, None)
     }
 
     /// Sends one message; while the socket is full, calls `on_readable`
     /// whenever the peer has sent something, so a peer that writes before it
-    /// reads cannot deadlock us (see [`send_message`]).
+    /// reads cannot deadlock us (see `send_message`).
     pub fn send_draining(
         &self,
         header: &Header,
