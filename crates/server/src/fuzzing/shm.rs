@@ -477,6 +477,7 @@ impl Client {
             && disjoint
             && descs.iter().all(|d| d.offset % wire::PAYLOAD_ALIGN == 0)
             && *flags & !wire::flags::WANT_TIMELINE == 0
+            && response_fits(&h, &self.granted)
             && payload_len.is_none_or(|p| p == total);
         let expect = if !fits {
             None
@@ -589,6 +590,18 @@ impl Client {
             self.run();
         }
     }
+}
+
+/// Whether the Response to the valid request `h` fits the session's
+/// limits: its section is the request's, plus the timeline when asked for
+/// (the agent refuses a request whose answer would not fit, with an Error).
+pub(super) fn response_fits(h: &Header, granted: &Limits) -> bool {
+    let timeline = if h.flags & wire::flags::WANT_TIMELINE != 0 {
+        wire::TIMELINE_LEN as u64
+    } else {
+        0
+    };
+    u64::from(h.desc_len) + timeline <= u64::from(granted.max_desc_len)
 }
 
 /// Runs one fuzz input: [`ShmInput`] decoded from `data` with

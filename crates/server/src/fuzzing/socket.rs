@@ -530,7 +530,7 @@ fn build_request(fx: &Fixture, r: &RequestOp, id: u64, granted: Option<&Limits>)
         && granted.is_some_and(|g| {
             g.max_in_flight >= 1
                 && h.tensor_count <= g.max_tensors
-                && h.desc_len <= g.max_desc_len
+                && super::shm::response_fits(&h, g)
                 && h.payload_len <= g.max_payload
         });
     let expect = if !in_sync {
