@@ -406,6 +406,12 @@ impl AgentCore {
         self.in_flight.load(Ordering::Acquire)
     }
 
+    /// Payload bytes of the agent-wide budget not held by a request now
+    /// (all of it when nothing is in flight).
+    pub fn payload_budget_left(&self) -> u64 {
+        self.payload_budget.load(Ordering::Acquire)
+    }
+
     /// Answers the Hello of a session of `who`: its [`Grant`] (the limits
     /// in force and its tenant) and the HelloAck; or the Error refusing it
     /// (a token no tenant lists, a tenant's session quota).

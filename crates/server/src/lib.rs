@@ -19,6 +19,8 @@ pub mod batcher;
 pub mod config;
 pub mod conns;
 pub mod dispatch;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod inproc;
 pub mod queue;
 pub mod reactor;

@@ -10,7 +10,7 @@
 
 use crate::control::{
     decode_error_body, decode_hello, decode_hello_request, decode_model_list, decode_model_name,
-    decode_signature, encode_error_body, encode_hello, encode_hello_with_token, encode_model_list,
+    decode_signature, encode_error_body, encode_hello, encode_hello_as, encode_model_list,
     encode_model_name, encode_signature,
 };
 use crate::error::WireError;
@@ -96,7 +96,12 @@ pub fn fuzz_decode(bytes: &[u8]) -> Result<(), WireError> {
         }
         Kind::Hello => {
             let hello = decode_hello_request(desc)?;
-            assert_eq!(encode_hello_with_token(&hello.limits, hello.token), desc);
+            // The anonymous flag is part of the body: a Hello re-encoded
+            // without it would differ from a relay's by that byte.
+            assert_eq!(
+                encode_hello_as(&hello.limits, hello.token, hello.anonymous),
+                desc
+            );
         }
         Kind::HelloAck => {
             let limits = decode_hello(desc)?;
