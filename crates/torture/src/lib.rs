@@ -18,11 +18,14 @@
 //!
 //! Modules: [`agent`] (the child under test and its `/proc` readings),
 //! [`observer`] (the well-behaved client), [`hostile`] (the hostile
-//! messages), [`scenarios`] (the attacks), [`soak`] (the long mixed
-//! load), [`report`] (the files).
+//! messages), [`scenarios`] (the attacks), [`listeners`] (each socket
+//! listener — unix, tcp, tls, vsock, the http and grpc front doors — and
+//! the hostile messages that mean something for its protocol),
+//! [`soak`] (the long mixed load), [`report`] (the files).
 
 pub mod agent;
 pub mod hostile;
+pub mod listeners;
 pub mod observer;
 pub mod report;
 pub mod scenarios;
@@ -57,6 +60,12 @@ pub struct Config {
     pub transports: Vec<String>,
     /// Hostile messages per socket transport.
     pub messages: u64,
+    /// Listeners beyond unix and tcp that get the socket attacks (of
+    /// `tls`, `vsock`, `http`, `grpc`; vsock is skipped, saying why, where
+    /// this machine cannot connect to itself over it).
+    pub listeners: Vec<String>,
+    /// Hostile messages per listener of `listeners`.
+    pub listener_messages: u64,
     /// Slowloris connections.
     pub slow_senders: usize,
     /// Idle connections held at once.
@@ -79,12 +88,15 @@ impl Config {
     /// The `--quick` run (about a minute, for CI) or the full one.
     pub fn new(exe: PathBuf, digits: PathBuf, quick: bool) -> Config {
         let transports = ["unix", "tcp", "shm"].map(String::from).to_vec();
+        let listeners = ["tls", "vsock", "http", "grpc"].map(String::from).to_vec();
         if quick {
             Config {
                 exe,
                 digits,
                 transports,
                 messages: 3_000,
+                listeners,
+                listener_messages: 600,
                 slow_senders: 32,
                 idle: 500,
                 kills: 4,
@@ -100,6 +112,8 @@ impl Config {
                 digits,
                 transports,
                 messages: 500_000,
+                listeners,
+                listener_messages: 200_000,
                 slow_senders: 256,
                 idle: 10_000,
                 kills: 40,
@@ -193,7 +207,10 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
     for t in &cfg.transports {
         let t = t.as_str();
         if t != "shm" {
-            push(scenarios::hostile_bytes(&mut agent, cfg, t)?, &mut rows);
+            push(
+                scenarios::hostile_bytes(&mut agent, cfg, t, cfg.messages)?,
+                &mut rows,
+            );
             push(scenarios::slowloris(&mut agent, cfg, t)?, &mut rows);
             push(scenarios::idle(&mut agent, cfg, t)?, &mut rows);
             push(scenarios::churn(&mut agent, cfg, t)?, &mut rows);
@@ -206,6 +223,7 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
             &mut rows,
         );
     }
+    listeners::attack(&mut agent, cfg, &mut |r| push(r, &mut rows))?;
     drop(agent);
     for t in cfg.transports.iter().filter(|t| *t != "shm") {
         push(scenarios::payload_budget(cfg, t)?, &mut rows);
