@@ -21,7 +21,8 @@
 //! messages), [`scenarios`] (the attacks), [`listeners`] (each socket
 //! listener — unix, tcp, tls, vsock, the http and grpc front doors — and
 //! the hostile messages that mean something for its protocol),
-//! [`soak`] (the long mixed load), [`report`] (the files).
+//! [`shm_rings`] (shm clients breaking their ring indices and sleep
+//! words), [`soak`] (the long mixed load), [`report`] (the files).
 
 pub mod agent;
 pub mod hostile;
@@ -29,6 +30,7 @@ pub mod listeners;
 pub mod observer;
 pub mod report;
 pub mod scenarios;
+pub mod shm_rings;
 pub mod soak;
 
 use serde::Serialize;
@@ -217,6 +219,7 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
         }
         if t == "shm" {
             push(scenarios::shm_hostile(&mut agent, cfg)?, &mut rows);
+            shm_rings::attack(&mut agent, cfg, &mut |r| push(r, &mut rows))?;
         }
         push(
             scenarios::client_kills(&mut agent, cfg, &cfg.exe.clone(), t)?,
