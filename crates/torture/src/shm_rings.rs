@@ -19,8 +19,7 @@
 //! the observer beside it (over shm) sees an error, a session's
 //! descriptors stay behind, or the agent keeps a core busy — measured as
 //! the agent's CPU time per second while the words are held, and in a
-//! quiet second after the attackers left, against the second before the
-//! attack.
+//! quiet window after the attackers left, against one before the attack.
 
 use crate::agent::AgentUnderTest;
 use crate::scenarios::{identity_id, scenario, Tried, HANG_LIMIT};
@@ -349,7 +348,11 @@ fn run(
     } else {
         Duration::from_millis(200)
     };
-    let quiet = Duration::from_millis(500);
+    let quiet = if cfg.quick {
+        Duration::from_millis(300)
+    } else {
+        Duration::from_millis(1000)
+    };
     scenario(agent, cfg, name, "shm", move |agent| {
         let baseline = cores_used(agent, quiet);
         let mut rng = fastrand::Rng::with_seed(0x51ee9);

@@ -30,6 +30,9 @@ pub struct Args {
     /// 200 000 full).
     #[arg(long)]
     listener_messages: Option<u64>,
+    /// Hostile shm clients per shm row (default: 30 quick, 3000 full).
+    #[arg(long)]
+    shm_rounds: Option<u64>,
     /// Seconds of the soak (default: 20 quick, 3600 full; 0 skips it).
     #[arg(long, value_name = "SECS")]
     soak_secs: Option<u64>,
@@ -73,6 +76,12 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         cfg.messages = n;
     }
     cfg.listeners = a.listeners;
+    if let Some(n) = a.shm_rounds {
+        if n == 0 || n > 10_000_000 {
+            return Err("--shm-rounds must be 1 to 10000000".into());
+        }
+        cfg.shm_rounds = n;
+    }
     if let Some(n) = a.listener_messages {
         if n == 0 || n > 100_000_000 {
             return Err("--listener-messages must be 1 to 100000000".into());

@@ -191,8 +191,8 @@ pub fn attack(
 fn vsock_reachable(agent: &AgentUnderTest) -> Result<(), String> {
     let uri = agent.vsock.as_ref().map_err(Clone::clone)?;
     let opts = client::ClientOptions {
-        connect_timeout: Duration::from_secs(2),
-        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+        timeout: Duration::from_secs(1),
         ..client::ClientOptions::default()
     };
     client::Client::connect_with(uri, opts)
