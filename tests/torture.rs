@@ -1,5 +1,6 @@
 //! `tensorwire torture --quick` against a real agent: every scenario runs
-//! on every transport it applies to, the well-behaved client beside each
+//! on every transport and listener it applies to (unix, tcp, shm, tls, the
+//! http and grpc front doors, vsock where it can be reached), the well-behaved client beside each
 //! attack is served without an error, the agent keeps no descriptor of
 //! the attackers, the soak checks every answer, and results.json carries
 //! what the report promises.
@@ -68,6 +69,45 @@ fn torture_quick_is_clean() {
     let row = has("payload budget, real bytes", "unix");
     assert!(row["tried"].as_u64() >= Some(16), "{row}");
     has("payload budget, real bytes (control)", "unix");
+    // The other listeners get the same socket scenarios, with their own
+    // protocol's hostile messages; vsock where this machine can reach
+    // itself over it, else a row saying why not.
+    for t in ["tls", "http", "grpc"] {
+        for name in [
+            "hostile bytes",
+            "slowloris",
+            "idle connections",
+            "connect churn",
+        ] {
+            let row = has(name, t);
+            assert!(row["tried"].as_u64().unwrap_or(0) > 0, "{row}");
+            assert!(
+                row["others_requests"].as_u64().unwrap_or(0) > 100,
+                "the observer was barely served: {row}"
+            );
+        }
+        assert!(has("hostile bytes", t)["tried"].as_u64() >= Some(600));
+    }
+    match rows
+        .iter()
+        .find(|x| x["name"] == "listener attacks" && x["transport"] == "vsock")
+    {
+        Some(skipped) => assert!(
+            skipped["notes"][0]
+                .as_str()
+                .is_some_and(|n| n.starts_with("skipped: ")),
+            "{skipped}"
+        ),
+        None => assert!(has("hostile bytes", "vsock")["tried"].as_u64() >= Some(600)),
+    }
+    for name in [
+        "hostile shm clients",
+        "shm ring indices broken",
+        "shm sleep words held",
+    ] {
+        let shm = has(name, "shm");
+        assert!(shm["tried"].as_u64() >= Some(30), "{shm}");
+    }
     for t in ["unix", "tcp", "shm"] {
         has("client killed mid-request", t);
         for stage in ["queued", "computing", "answered"] {

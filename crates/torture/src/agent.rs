@@ -1,6 +1,8 @@
 //! [`AgentUnderTest`]: the `tensorwire serve` child every scenario attacks,
-//! listening on unix, tcp and shm, and what the harness reads of it from
-//! `/proc` (open descriptors, resident memory) to find leaks.
+//! listening on unix, tcp and shm, tls (with a certificate made for it),
+//! the KServe v2 http and grpc front doors and, where this kernel has
+//! `AF_VSOCK`, vsock; and what the harness reads of it from `/proc` (open
+//! descriptors, resident memory, CPU time) to find leaks and spinning.
 
 use crate::TortureError;
 use std::io::{BufRead, BufReader};
@@ -31,13 +33,25 @@ pub struct AgentUnderTest {
     /// `http://127.0.0.1:PORT` of its Prometheus metrics, when it was
     /// started with `--metrics-listen`.
     pub metrics: Option<String>,
+    /// `tls://127.0.0.1:PORT?ca=…` (trusting the agent's own CA).
+    pub tls: String,
+    /// `http://127.0.0.1:PORT` (the KServe v2 HTTP/REST front door).
+    pub http: String,
+    /// `grpc://127.0.0.1:PORT` (the KServe v2 gRPC front door).
+    pub grpc: String,
+    /// `vsock://local:PORT` (the port the agent printed), when this kernel
+    /// let it listen on vsock; otherwise why not.
+    pub vsock: Result<String, String>,
+    /// The URIs the agent printed (the tcp ports it was given for port 0).
+    printed: Vec<String>,
 }
 
 impl AgentUnderTest {
-    /// Starts `exe serve` on a fresh unix socket, a loopback tcp port and a
-    /// fresh shm name, serving `identity` and `digits` (the model file
-    /// `digits`), plus `extra` arguments; waits for its three
-    /// `listening on` lines.
+    /// Starts `exe serve` on a fresh unix socket, loopback tcp, tls, http
+    /// and grpc ports, a fresh shm name and (where the kernel has it) a
+    /// vsock port, serving `identity` and `digits` (the model file
+    /// `digits`), plus `extra` arguments; waits for its `listening on`
+    /// lines.
     pub fn start(
         exe: &Path,
         digits: &Path,
@@ -47,7 +61,7 @@ impl AgentUnderTest {
             .prefix("tw-torture-")
             .tempdir()
             .map_err(|e| TortureError(format!("temporary directory: {e}")))?;
-        let listen = [
+        let mut listen = vec![
             format!("unix://{}", dir.path().join("agent.sock").display()),
             "tcp://127.0.0.1:0".to_string(),
             format!(
@@ -55,11 +69,23 @@ impl AgentUnderTest {
                 std::process::id(),
                 SEQ.fetch_add(1, Ordering::Relaxed)
             ),
+            "tls://127.0.0.1:0".to_string(),
+            "http://127.0.0.1:0".to_string(),
+            "grpc://127.0.0.1:0".to_string(),
         ];
+        let vsock_here = vsock_here();
+        if vsock_here.is_ok() {
+            listen.push("vsock://-1:-1".to_string());
+        }
+        let ca = make_certificates(dir.path())?;
         let mut args: Vec<String> = Vec::new();
         for l in &listen {
             args.push("--listen".into());
             args.push(l.clone());
+        }
+        for (flag, file) in [("--tls-cert", "agent.pem"), ("--tls-key", "agent.key")] {
+            args.push(flag.into());
+            args.push(dir.path().join(file).display().to_string());
         }
         args.push("--model".into());
         args.push(format!("digits={}", digits.display()));
@@ -77,6 +103,15 @@ impl AgentUnderTest {
             tcp: pick("tcp://")?,
             shm: pick("shm://")?,
             metrics,
+            tls: format!("{}?ca={}", pick("tls://")?, ca.display()),
+            http: pick("http://")?,
+            grpc: pick("grpc://")?,
+            vsock: match vsock_here {
+                // Clients reach it at this machine's own CID.
+                Ok(()) => Ok(pick("vsock://")?.replacen("vsock://-1:", "vsock://local:", 1)),
+                Err(why) => Err(why),
+            },
+            printed: uris,
             child,
             _dir: dir,
             stderr_path,
@@ -86,7 +121,7 @@ impl AgentUnderTest {
     }
 
     /// Kills the agent (if it still runs) and starts it again on the same
-    /// endpoints (the tcp port it had), as a supervisor would.
+    /// endpoints (the ports it was given for port 0), as a supervisor would.
     pub fn restart(&mut self) -> Result<(), TortureError> {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -94,11 +129,11 @@ impl AgentUnderTest {
             .args
             .iter()
             .map(|a| {
-                if a == "tcp://127.0.0.1:0" {
-                    self.tcp.clone()
-                } else {
-                    a.clone()
-                }
+                let given = a
+                    .strip_suffix("127.0.0.1:0")
+                    .or_else(|| a.strip_suffix("-1:-1"))
+                    .and_then(|scheme| self.printed.iter().find(|u| u.starts_with(scheme)));
+                given.unwrap_or(a).clone()
             })
             .collect();
         let (child, _, metrics) = spawn(&self.exe, &args, &self.stderr_path)?;
@@ -112,13 +147,41 @@ impl AgentUnderTest {
         self.child.id()
     }
 
-    /// The URI of `transport` (`unix`, `tcp` or `shm`).
+    /// The URI of `transport` (`unix`, `tcp`, `tls`, `http`, `grpc`,
+    /// `vsock` or `shm`). A vsock client connects to this machine's CID
+    /// (`vsock://local:PORT`), which needs `vsock_loopback`.
     pub fn uri(&self, transport: &str) -> &str {
         match transport {
             "unix" => &self.unix,
             "tcp" => &self.tcp,
+            "tls" => &self.tls,
+            "http" => &self.http,
+            "grpc" => &self.grpc,
+            "vsock" => self.vsock.as_deref().unwrap_or(""),
             _ => &self.shm,
         }
+    }
+
+    /// CPU time the agent has used so far (user + system), from
+    /// `/proc/PID/stat` (zero when unreadable).
+    pub fn cpu_time(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // utime and stime are the 12th and 13th fields after the command
+        // name, which sits in parentheses and may hold spaces.
+        let ticks: u64 = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| {
+                rest.split_whitespace()
+                    .skip(11)
+                    .take(2)
+                    .filter_map(|f| f.parse::<u64>().ok())
+                    .sum()
+            })
+            .unwrap_or(0);
+        // SAFETY: sysconf only reads a system constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz)
     }
 
     /// Whether it still runs; if it died, why (with its stderr's tail).
@@ -211,9 +274,9 @@ impl Drop for AgentUnderTest {
     }
 }
 
-/// Runs `exe serve args…` and waits for its three `listening on` lines
-/// (and its `metrics on` line when asked for); returns the child, the URIs
-/// and the metrics URI it printed.
+/// Runs `exe serve args…` and waits for a `listening on` line per
+/// `--listen` (and its `metrics on` line when asked for); returns the
+/// child, the URIs and the metrics URI it printed.
 fn spawn(
     exe: &Path,
     args: &[String],
@@ -252,7 +315,8 @@ fn spawn(
     });
     let deadline = Instant::now() + START_TIMEOUT;
     let mut uris = Vec::new();
-    while uris.len() < 3 || (wants_metrics && metrics.is_none()) {
+    let listens = args.iter().filter(|a| *a == "--listen").count();
+    while uris.len() < listens || (wants_metrics && metrics.is_none()) {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
@@ -273,6 +337,46 @@ fn spawn(
         }
     }
     Ok((child, uris, metrics))
+}
+
+/// Whether this kernel lets a process listen on vsock (`Err`: why not).
+pub fn vsock_here() -> Result<(), String> {
+    let any = transport::Endpoint::parse("vsock://-1:-1").map_err(|e| e.to_string())?;
+    transport::Listener::bind(&any)
+        .map(drop)
+        .map_err(|e| format!("no vsock on this machine ({e})"))
+}
+
+/// Makes a CA and an agent certificate for `localhost` and 127.0.0.1 in
+/// `dir` (`agent.pem`, `agent.key`); returns the CA's file, which clients
+/// trust.
+fn make_certificates(dir: &Path) -> Result<PathBuf, TortureError> {
+    let err = |what: &str, e: &dyn std::fmt::Display| TortureError(format!("{what}: {e}"));
+    let ca_key = rcgen::KeyPair::generate().map_err(|e| err("CA key", &e))?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())
+        .map_err(|e| err("CA parameters", &e))?;
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "tensorwire torture CA");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params
+        .self_signed(&ca_key)
+        .map_err(|e| err("CA certificate", &e))?;
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().map_err(|e| err("agent key", &e))?;
+    let cert = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
+        .map_err(|e| err("agent certificate parameters", &e))?
+        .signed_by(&key, &issuer)
+        .map_err(|e| err("agent certificate", &e))?;
+    let ca_path = dir.join("ca.pem");
+    for (path, text) in [
+        (ca_path.clone(), ca.pem()),
+        (dir.join("agent.pem"), cert.pem()),
+        (dir.join("agent.key"), key.serialize_pem()),
+    ] {
+        std::fs::write(&path, text).map_err(|e| err(&path.display().to_string(), &e))?;
+    }
+    Ok(ca_path)
 }
 
 /// `VmRSS` of process `pid`, KiB (0 when unreadable).

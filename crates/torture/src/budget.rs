@@ -10,7 +10,8 @@
 //! nothing (a defect of the measurement, reported as one).
 
 use crate::agent::{rss_kib, AgentUnderTest};
-use crate::scenarios::{identity_id, is_timeout, scenario, Sock, Tried};
+use crate::listeners::{is_timeout, Sock};
+use crate::scenarios::{identity_id, scenario, Tried};
 use crate::{Config, ScenarioResult, TortureError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

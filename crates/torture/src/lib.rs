@@ -18,18 +18,23 @@
 //!
 //! Modules: [`agent`] (the child under test and its `/proc` readings),
 //! [`observer`] (the well-behaved client), [`hostile`] (the hostile
-//! messages), [`scenarios`] (the attacks), [`kills`] (clients killed at a
-//! chosen stage of their request), [`budget`] (the payload budget against
-//! real bytes, and its control run), [`soak`] (the long mixed load),
-//! [`report`] (the files).
+//! messages), [`scenarios`] (the attacks), [`listeners`] (each socket
+//! listener — unix, tcp, tls, vsock, the http and grpc front doors — and
+//! the hostile messages that mean something for its protocol),
+//! [`shm_rings`] (shm clients breaking their ring indices and sleep
+//! words), [`kills`] (clients killed at a chosen stage of their request),
+//! [`budget`] (the payload budget against real bytes, and its control
+//! run), [`soak`] (the long mixed load), [`report`] (the files).
 
 pub mod agent;
 pub mod budget;
 pub mod hostile;
 pub mod kills;
+pub mod listeners;
 pub mod observer;
 pub mod report;
 pub mod scenarios;
+pub mod shm_rings;
 pub mod soak;
 
 use serde::Serialize;
@@ -64,6 +69,12 @@ pub struct Config {
     pub transports: Vec<String>,
     /// Hostile messages per socket transport.
     pub messages: u64,
+    /// Listeners beyond unix and tcp that get the socket attacks (of
+    /// `tls`, `vsock`, `http`, `grpc`; vsock is skipped, saying why, where
+    /// this machine cannot connect to itself over it).
+    pub listeners: Vec<String>,
+    /// Hostile messages per listener of `listeners`.
+    pub listener_messages: u64,
     /// Slowloris connections.
     pub slow_senders: usize,
     /// Idle connections held at once.
@@ -91,6 +102,7 @@ impl Config {
     pub fn new(exe: PathBuf, digits: PathBuf, quick: bool) -> Config {
         let transports = ["unix", "tcp", "shm"].map(String::from).to_vec();
         let slow = digits.with_file_name("slow_echo.onnx");
+        let listeners = ["tls", "vsock", "http", "grpc"].map(String::from).to_vec();
         if quick {
             Config {
                 exe,
@@ -98,6 +110,8 @@ impl Config {
                 slow: slow.clone(),
                 transports,
                 messages: 3_000,
+                listeners,
+                listener_messages: 600,
                 slow_senders: 32,
                 idle: 500,
                 kills: 4,
@@ -116,6 +130,8 @@ impl Config {
                 slow,
                 transports,
                 messages: 500_000,
+                listeners,
+                listener_messages: 200_000,
                 slow_senders: 256,
                 idle: 10_000,
                 kills: 40,
@@ -232,13 +248,14 @@ fn attacks(cfg: &Config, push: &mut dyn FnMut(ScenarioResult)) -> Result<(), Tor
     for t in &cfg.transports {
         let t = t.as_str();
         if t != "shm" {
-            push(scenarios::hostile_bytes(&mut agent, cfg, t)?);
+            push(scenarios::hostile_bytes(&mut agent, cfg, t, cfg.messages)?);
             push(scenarios::slowloris(&mut agent, cfg, t)?);
             push(scenarios::idle(&mut agent, cfg, t)?);
             push(scenarios::churn(&mut agent, cfg, t)?);
         }
         if t == "shm" {
             push(scenarios::shm_hostile(&mut agent, cfg)?);
+            shm_rings::attack(&mut agent, cfg, push)?;
         }
         push(scenarios::client_kills(
             &mut agent,
@@ -247,6 +264,7 @@ fn attacks(cfg: &Config, push: &mut dyn FnMut(ScenarioResult)) -> Result<(), Tor
             t,
         )?);
     }
+    listeners::attack(&mut agent, cfg, push)?;
     drop(agent);
     for t in cfg.transports.iter().filter(|t| *t != "shm") {
         push(scenarios::payload_budget(cfg, t)?);

@@ -5,8 +5,17 @@
 //! latencies and errors are kept per [`Phase`] (before, during and after
 //! the attack), which is what the claim "others kept being served" is
 //! measured on.
+//!
+//! Beside an attack on a KServe front door (http, grpc) it is served over
+//! native tcp and, every fourth call, also calls identity the KServe way
+//! ([`kserve_call`]: an HTTP/1.1 binary-data infer on a kept-alive
+//! connection), checking the bytes come back.
 
+use crate::agent::AgentUnderTest;
+use crate::listeners::Door;
 use client::{Client, ClientOptions, DType, Model, TensorRef};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -73,13 +82,32 @@ pub struct Observer {
 impl Observer {
     /// Starts calling the agent at `uri` (phase [`Phase::Before`]).
     pub fn start(uri: &str) -> Observer {
+        Observer::start_with(uri, None)
+    }
+
+    /// The observer beside an attack on `transport`: over it when it is a
+    /// native transport; over tcp plus KServe HTTP calls when it is a
+    /// front door.
+    pub fn beside(agent: &AgentUnderTest, transport: &str) -> Observer {
+        match Door::parse(transport) {
+            Some(door) if !door.native() => Observer::start_with(
+                agent.uri(door.native_transport()),
+                Some(agent.http.trim_start_matches("http://").to_string()),
+            ),
+            _ => Observer::start(agent.uri(transport)),
+        }
+    }
+
+    /// Starts calling the agent at `uri` and, with `kserve` (an HTTP front
+    /// door's `HOST:PORT`), every fourth call through that door instead.
+    pub fn start_with(uri: &str, kserve: Option<String>) -> Observer {
         let stop = Arc::new(AtomicBool::new(false));
         let phase = Arc::new(AtomicU8::new(Phase::Before as u8));
         let uri = uri.to_string();
         let (s, p) = (stop.clone(), phase.clone());
         let handle = std::thread::Builder::new()
             .name("tw-observer".into())
-            .spawn(move || observe(&uri, &s, &p))
+            .spawn(move || observe(&uri, kserve.as_deref(), &s, &p))
             .expect("spawn the observer thread");
         Observer {
             stop,
@@ -125,10 +153,16 @@ fn connect(uri: &str) -> Result<Session, String> {
     })
 }
 
-fn observe(uri: &str, stop: &AtomicBool, phase: &AtomicU8) -> [PhaseStats; 3] {
+fn observe(
+    uri: &str,
+    kserve: Option<&str>,
+    stop: &AtomicBool,
+    phase: &AtomicU8,
+) -> [PhaseStats; 3] {
     let mut stats: [PhaseStats; 3] = Default::default();
     let mut rng = fastrand::Rng::with_seed(7);
     let mut client: Option<Session> = None;
+    let mut kserve_conn: Option<TcpStream> = None;
     let mut reference: Option<Vec<u8>> = None;
     let digits_in: Vec<u8> = (0..64)
         .flat_map(|i| (i as f32 / 64.0).to_le_bytes())
@@ -142,6 +176,21 @@ fn observe(uri: &str, stop: &AtomicBool, phase: &AtomicU8) -> [PhaseStats; 3] {
         }
         next += PACE;
         let ph = phase.load(Ordering::Relaxed).min(2) as usize;
+        if let Some(addr) = kserve.filter(|_| n % 4 == 3) {
+            n += 1;
+            let t0 = Instant::now();
+            match kserve_call(addr, &mut kserve_conn, &mut rng) {
+                Ok(()) => stats[ph].latencies_ns.push(t0.elapsed().as_nanos() as u64),
+                Err((msg, wrong)) => {
+                    kserve_conn = None;
+                    if wrong {
+                        stats[ph].wrong += 1;
+                    }
+                    stats[ph].error(msg);
+                }
+            }
+            continue;
+        }
         let c = match client.take() {
             Some(c) => c,
             None => match connect(uri) {
@@ -207,5 +256,84 @@ fn digits_call(m: &Model, x: &[u8], reference: &mut Option<Vec<u8>>) -> Result<(
         }
         Some(want) if *want == got => Ok(()),
         Some(_) => Err(("digits answered other logits than before".into(), true)),
+    }
+}
+
+/// One KServe v2 HTTP infer of a fresh random UINT8 tensor to identity
+/// (binary data both ways) on `conn` (opened to `addr` when `None`, kept
+/// alive for the next call); the answer must carry the same bytes.
+fn kserve_call(
+    addr: &str,
+    conn: &mut Option<TcpStream>,
+    rng: &mut fastrand::Rng,
+) -> Result<(), CallError> {
+    let err = |what: &str, e: &dyn std::fmt::Display| (format!("kserve {what}: {e}"), false);
+    if conn.is_none() {
+        let s = TcpStream::connect(addr).map_err(|e| err("connect", &e))?;
+        s.set_nodelay(true).map_err(|e| err("connect", &e))?;
+        s.set_read_timeout(Some(TIMEOUT))
+            .map_err(|e| err("connect", &e))?;
+        *conn = Some(s);
+    }
+    let Some(s) = conn.as_mut() else {
+        return Err(("kserve: no connection".into(), false));
+    };
+    let len = rng.usize(1..=256);
+    let data: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+    let json = format!(
+        r#"{{"inputs":[{{"name":"t","shape":[{len}],"datatype":"UINT8","parameters":{{"binary_data_size":{len}}}}}],"outputs":[{{"name":"t","parameters":{{"binary_data":true}}}}]}}"#
+    );
+    let mut req = format!(
+        "POST /v2/models/identity/infer HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+         Inference-Header-Content-Length: {}\r\n\r\n{json}",
+        json.len() + len,
+        json.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&data);
+    s.write_all(&req).map_err(|e| err("send", &e))?;
+    // The head, then exactly Content-Length bytes of body.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if got.len() > 64 << 10 {
+            return Err(("kserve: no end of the answer's head".into(), true));
+        }
+        match s.read(&mut buf).map_err(|e| err("receive", &e))? {
+            0 => return Err(("kserve: closed before answering".into(), false)),
+            n => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let body_len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .ok_or_else(|| (format!("kserve: no Content-Length in {head:?}"), true))?;
+    if !head.starts_with("http/1.1 200") {
+        let mut body = got[head_end..].to_vec();
+        body.truncate(200);
+        return Err((
+            format!(
+                "kserve answered {:?}: {}",
+                head.lines().next().unwrap_or(""),
+                String::from_utf8_lossy(&body)
+            ),
+            false,
+        ));
+    }
+    while got.len() < head_end + body_len {
+        match s.read(&mut buf).map_err(|e| err("receive", &e))? {
+            0 => return Err(("kserve: closed inside the answer".into(), false)),
+            n => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    if got.len() == head_end + body_len && got.ends_with(&data) {
+        Ok(())
+    } else {
+        Err(("kserve: identity answered with other bytes".into(), true))
     }
 }

@@ -7,187 +7,21 @@
 //! the attack wants to reach past it), the bytes, then the write side shut.
 //! The agent must answer an error or close; a connection it neither
 //! answers nor closes within [`HANG_LIMIT`] is a defect (`hung`), as is an
-//! agent that dies.
+//! agent that dies. The socket scenarios are the same for every listener
+//! (unix, tcp, tls, vsock, http, grpc): what each sends is its [`Door`]'s.
 
 use crate::agent::AgentUnderTest;
-use crate::hostile::{self, Attack};
+pub use crate::listeners::HANG_LIMIT;
+use crate::listeners::{attack_once, is_timeout, Door, Opening, Outcome, Sock, Target};
 use crate::observer::{Observer, Phase, PhaseStats};
 use crate::{Config, ScenarioResult, TortureError};
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use transport::Endpoint;
-use wire::{encode_hello, Header, Kind, Limits, HEADER_LEN};
-
-/// How long an attacked connection may stay open after its bytes and
-/// EOF were sent before it counts as hung.
-pub const HANG_LIMIT: Duration = Duration::from_secs(5);
-
-/// A plain socket to the agent.
-pub(crate) enum Sock {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Sock {
-    pub(crate) fn connect(uri: &str) -> std::io::Result<Sock> {
-        let s = match Endpoint::parse(uri) {
-            Ok(Endpoint::Unix(p)) => Sock::Unix(UnixStream::connect(p)?),
-            Ok(Endpoint::Tcp { addr, .. }) => {
-                let s = TcpStream::connect(addr)?;
-                s.set_nodelay(true)?;
-                Sock::Tcp(s)
-            }
-            _ => {
-                return Err(std::io::Error::other(format!(
-                    "{uri}: attacks need a unix:// or tcp:// endpoint"
-                )))
-            }
-        };
-        s.set_timeout(Some(HANG_LIMIT))?;
-        Ok(s)
-    }
-
-    pub(crate) fn set_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
-        match self {
-            Sock::Unix(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-            Sock::Tcp(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-        }
-    }
-
-    pub(crate) fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
-        match self {
-            Sock::Unix(s) => s.write_all(b),
-            Sock::Tcp(s) => s.write_all(b),
-        }
-    }
-
-    pub(crate) fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Sock::Unix(s) => s.read(b),
-            Sock::Tcp(s) => s.read(b),
-        }
-    }
-
-    pub(crate) fn shutdown_write(&self) {
-        let _ = match self {
-            Sock::Unix(s) => s.shutdown(Shutdown::Write),
-            Sock::Tcp(s) => s.shutdown(Shutdown::Write),
-        };
-    }
-
-    /// Sends a Hello and reads the HelloAck.
-    pub(crate) fn hello(&mut self) -> std::io::Result<()> {
-        let body = encode_hello(&Limits {
-            max_tensors: 0,
-            max_in_flight: 0,
-            max_payload: 0,
-            max_desc_len: 0,
-        });
-        let mut h = Header::new(Kind::Hello);
-        h.request_id = 1;
-        h.desc_len = body.len() as u32;
-        let mut b = h.encode().to_vec();
-        b.extend_from_slice(&body);
-        self.write_all(&b)?;
-        let mut head = [0u8; HEADER_LEN];
-        self.read_exact(&mut head)?;
-        let ack = Header::decode(&head).map_err(std::io::Error::other)?;
-        if ack.kind != Kind::HelloAck {
-            return Err(std::io::Error::other(format!(
-                "Hello answered with {:?}",
-                ack.kind
-            )));
-        }
-        let mut body = vec![0u8; ack.desc_len.min(1 << 16) as usize];
-        self.read_exact(&mut body)
-    }
-
-    pub(crate) fn read_exact(&mut self, b: &mut [u8]) -> std::io::Result<()> {
-        match self {
-            Sock::Unix(s) => s.read_exact(b),
-            Sock::Tcp(s) => s.read_exact(b),
-        }
-    }
-}
-
-/// How the agent took one hostile message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
-    /// It answered (an error, or a response to a corruption that is still a
-    /// valid request) and closed at our EOF.
-    Answered,
-    /// It closed without a word.
-    Closed,
-    /// It refused the connection (a limit) before the bytes went out.
-    Refused,
-    /// Neither within [`HANG_LIMIT`]: a defect.
-    Hung,
-}
-
-/// Sends `bytes` on a fresh connection (after a Hello if `hello`), shuts
-/// the write side and reads until the agent closes.
-fn attack_once(uri: &str, hello: bool, bytes: &[u8]) -> Outcome {
-    let Ok(mut s) = Sock::connect(uri) else {
-        return Outcome::Refused;
-    };
-    if hello {
-        match s.hello() {
-            Ok(()) => {}
-            // A Hello the agent neither answers nor refuses in time.
-            Err(e) if is_timeout(&e) => return Outcome::Hung,
-            Err(_) => return Outcome::Refused,
-        }
-    }
-    // The agent may close before it has read everything: that is fine.
-    let _ = s.write_all(bytes);
-    s.shutdown_write();
-    let mut got = 0usize;
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + HANG_LIMIT;
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Outcome::Hung
-            }
-            // Reset: closed with unread data, also an answer of sorts.
-            Err(_) => break,
-        }
-        if Instant::now() >= deadline {
-            return Outcome::Hung;
-        }
-    }
-    if got > 0 {
-        Outcome::Answered
-    } else {
-        Outcome::Closed
-    }
-}
-
-pub(crate) fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-    )
-}
+use wire::{Header, Kind, Limits, HEADER_LEN};
 
 /// Runs `attack` on the agent's `transport` between an observer's
 /// before and after phases, and measures what it left behind.
@@ -198,7 +32,7 @@ pub(crate) fn scenario(
     transport: &str,
     attack: impl FnOnce(&AgentUnderTest) -> Tried,
 ) -> Result<ScenarioResult, TortureError> {
-    let obs = Observer::start(agent.uri(transport));
+    let obs = Observer::beside(agent, transport);
     std::thread::sleep(cfg.phase);
     let fds0 = agent.fds();
     let rss0 = agent.rss_kib();
@@ -236,29 +70,37 @@ pub struct Tried {
     pub notes: Vec<String>,
 }
 
-/// Hostile bytes at volume on `transport` (unix or tcp): every
-/// corruption and truncation of a valid request, then random messages up
-/// to `cfg.messages` in all, from two threads.
+/// The door `transport` names and a target to attack it at; its
+/// identity model's id (asked over its native transport).
+fn door_of(agent: &AgentUnderTest, transport: &str) -> Result<(Door, Target, u32), TortureError> {
+    let door = Door::parse(transport)
+        .ok_or_else(|| TortureError(format!("{transport}: no socket attacks on it")))?;
+    let uri = agent.uri(transport);
+    let target = Target::new(uri).map_err(|e| TortureError(format!("{uri}: {e}")))?;
+    let identity = identity_id(agent.uri(door.native_transport()))?;
+    Ok((door, target, identity))
+}
+
+/// Hostile bytes at volume on `transport` (a socket listener): every
+/// fixed hostile message of its door (for the native ones, every
+/// corruption and truncation of a valid request), then random messages,
+/// `total` in all, from two threads.
 pub fn hostile_bytes(
     agent: &mut AgentUnderTest,
     cfg: &Config,
     transport: &str,
+    total: u64,
 ) -> Result<ScenarioResult, TortureError> {
-    let uri = agent.uri(transport).to_string();
-    let total = cfg.messages;
-    let identity = identity_id(&uri)?;
+    let (door, target, identity) = door_of(agent, transport)?;
     scenario(agent, cfg, "hostile bytes", transport, move |_| {
-        // Corruptions of a request to identity (which takes any tensors)
-        // reach the descriptor checks, not just the model lookup.
-        let mut fixed: Vec<Attack> = hostile::corruptions(7, identity);
-        fixed.extend(hostile::truncations(7, identity));
+        let fixed = door.fixed_shots(identity);
         let counts: [AtomicU64; 4] = Default::default();
         let hung_names = std::sync::Mutex::new(Vec::<String>::new());
         let next = AtomicU64::new(0);
         let fixed = &fixed;
         std::thread::scope(|s| {
             for t in 0..2u64 {
-                let (uri, counts, hung_names, next) = (&uri, &counts, &hung_names, &next);
+                let (target, counts, hung_names, next) = (&target, &counts, &hung_names, &next);
                 s.spawn(move || {
                     let mut rng = fastrand::Rng::with_seed(0x7e57 + t);
                     loop {
@@ -266,19 +108,20 @@ pub fn hostile_bytes(
                         if i >= total {
                             return;
                         }
-                        let (attack, hello) = match fixed.get(i as usize) {
-                            Some(a) => (a.clone(), true),
-                            None => (
-                                hostile::random_message(&mut rng, identity),
-                                rng.u8(..) >= 32,
-                            ),
+                        let random;
+                        let shot = match fixed.get(i as usize) {
+                            Some(a) => a,
+                            None => {
+                                random = door.random_shot(&mut rng, identity);
+                                &random
+                            }
                         };
-                        let o = attack_once(uri, hello, &attack.bytes);
+                        let o = attack_once(target, shot);
                         counts[o as usize].fetch_add(1, Ordering::Relaxed);
                         if o == Outcome::Hung {
                             let mut h = hung_names.lock().unwrap_or_else(|p| p.into_inner());
                             if h.len() < 5 {
-                                h.push(attack.name);
+                                h.push(shot.name.clone());
                             }
                         }
                     }
@@ -287,8 +130,9 @@ pub fn hostile_bytes(
         });
         let c = |o: Outcome| counts[o as usize].load(Ordering::Relaxed);
         let mut notes = vec![format!(
-            "{} corruptions and truncations, then random; answered {}, closed {}, refused {}, hung {}",
+            "{} fixed ({} sent), then random; answered {}, closed {}, refused {}, hung {}",
             fixed.len(),
+            (fixed.len() as u64).min(total),
             c(Outcome::Answered),
             c(Outcome::Closed),
             c(Outcome::Refused),
@@ -306,7 +150,8 @@ pub fn hostile_bytes(
     })
 }
 
-/// Slowloris: `cfg.slow_senders` connections each send a Hello, then a
+/// Slowloris: `cfg.slow_senders` connections each open as their door's
+/// clients do (a native Hello; nothing on http and grpc), then send a
 /// valid request one byte every 20 ms, for `cfg.attack`. The agent may
 /// close them (its stall deadline); none may hold the observer back.
 pub fn slowloris(
@@ -314,18 +159,11 @@ pub fn slowloris(
     cfg: &Config,
     transport: &str,
 ) -> Result<ScenarioResult, TortureError> {
-    let uri = agent.uri(transport).to_string();
     let (n, dur) = (cfg.slow_senders, cfg.attack);
-    let identity = identity_id(&uri)?;
+    let (door, target, identity) = door_of(agent, transport)?;
     scenario(agent, cfg, "slowloris", transport, move |_| {
-        let (req, _) = hostile::valid_request(9, identity);
-        let mut socks: Vec<Option<Sock>> = (0..n)
-            .map(|_| {
-                let mut s = Sock::connect(&uri).ok()?;
-                s.hello().ok()?;
-                Some(s)
-            })
-            .collect();
+        let (req, opening) = door.slow_request(identity);
+        let mut socks: Vec<Option<Sock>> = (0..n).map(|_| target.open(opening).ok()).collect();
         let opened = socks.iter().filter(|s| s.is_some()).count();
         let end = Instant::now() + dur;
         let mut at = 0usize;
@@ -353,36 +191,33 @@ pub fn slowloris(
     })
 }
 
-/// Idle connections: `cfg.idle` bare connections (no Hello), held for
-/// `cfg.attack`. The agent may refuse some (its limits, clearly); the
-/// observer must not notice.
+/// Idle connections: `cfg.idle` bare connections (no Hello, no TLS
+/// handshake, no HTTP request), held for `cfg.attack`. The agent may
+/// refuse some (its limits, clearly); the observer must not notice.
 pub fn idle(
     agent: &mut AgentUnderTest,
     cfg: &Config,
     transport: &str,
 ) -> Result<ScenarioResult, TortureError> {
     raise_nofile();
-    let uri = agent.uri(transport).to_string();
     let (n, dur) = (cfg.idle, cfg.attack);
+    let (_, target, _) = door_of(agent, transport)?;
     scenario(agent, cfg, "idle connections", transport, move |_| {
         let mut held = Vec::with_capacity(n);
         let mut failed = 0u64;
         for _ in 0..n {
-            match Sock::connect(&uri) {
+            match target.open(Opening::Raw) {
                 Ok(s) => held.push(s),
                 Err(_) => failed += 1,
             }
         }
         std::thread::sleep(dur);
         // Those the agent closed (its handshake deadline) read EOF now.
-        let mut closed = 0;
-        for s in &mut held {
-            let _ = s.set_timeout(Some(Duration::from_millis(1)));
-            let mut b = [0u8; 256];
-            if s.read(&mut b).is_ok() {
-                closed += 1;
-            }
-        }
+        let closed = held
+            .iter_mut()
+            .map(Sock::closed_by_peer)
+            .filter(|&c| c)
+            .count();
         let open = held.len();
         drop(held);
         Tried {
@@ -395,15 +230,17 @@ pub fn idle(
     })
 }
 
-/// Connect churn: Hello and close, as fast as two threads can, for
-/// `cfg.attack`.
+/// Connect churn: open a session as the door's clients do (a native
+/// Hello, over TLS on a TLS door; an HTTP readiness probe; the HTTP/2
+/// preface answered by SETTINGS) and close, as fast as two threads can,
+/// for `cfg.attack`.
 pub fn churn(
     agent: &mut AgentUnderTest,
     cfg: &Config,
     transport: &str,
 ) -> Result<ScenarioResult, TortureError> {
-    let uri = agent.uri(transport).to_string();
     let dur = cfg.attack;
+    let (door, target, _) = door_of(agent, transport)?;
     scenario(agent, cfg, "connect churn", transport, move |_| {
         let ok = AtomicU64::new(0);
         let bad = AtomicU64::new(0);
@@ -413,7 +250,10 @@ pub fn churn(
             for _ in 0..2 {
                 s.spawn(|| {
                     while Instant::now() < end {
-                        match Sock::connect(&uri).and_then(|mut s| s.hello()) {
+                        match target
+                            .open(Opening::Secured)
+                            .and_then(|mut s| door.open_session(&mut s))
+                        {
                             Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
                             // Not answered within the hang limit: a defect.
                             Err(e) if is_timeout(&e) => hung.fetch_add(1, Ordering::Relaxed),
@@ -428,7 +268,7 @@ pub fn churn(
             count: ok + bad + hung,
             defects: hung,
             notes: vec![format!(
-                "{:.0} sessions/s opened and closed; {bad} refused, {hung} Hellos unanswered",
+                "{:.0} sessions/s opened and closed; {bad} refused, {hung} openings unanswered",
                 (ok + bad + hung) as f64 / dur.as_secs_f64()
             )],
         }

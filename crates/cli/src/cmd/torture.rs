@@ -22,6 +22,18 @@ pub struct Args {
     /// full).
     #[arg(long)]
     messages: Option<u64>,
+    /// Other listeners to attack, comma-separated (tls, vsock, http, grpc;
+    /// vsock is skipped, saying why, where this machine cannot reach
+    /// itself over it).
+    #[arg(long, default_value = "tls,vsock,http,grpc", value_delimiter = ',')]
+    listeners: Vec<String>,
+    /// Hostile messages per listener of --listeners (default: 600 quick,
+    /// 200 000 full).
+    #[arg(long)]
+    listener_messages: Option<u64>,
+    /// Hostile shm clients per shm row (default: 30 quick, 3000 full).
+    #[arg(long)]
+    shm_rounds: Option<u64>,
     /// Seconds of the soak (default: 20 quick, 3600 full; 0 skips it).
     #[arg(long, value_name = "SECS")]
     soak_secs: Option<u64>,
@@ -48,6 +60,11 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             return Err(format!("--transports: '{t}' is not unix, tcp or shm").into());
         }
     }
+    for l in &a.listeners {
+        if !["tls", "vsock", "http", "grpc"].contains(&l.as_str()) {
+            return Err(format!("--listeners: '{l}' is not tls, vsock, http or grpc").into());
+        }
+    }
     let digits = a
         .digits
         .unwrap_or_else(|| classifier::paths::repo_root().join("models/build/digits_mlp.onnx"));
@@ -65,6 +82,19 @@ pub fn run(a: Args) -> Result<(), CmdError> {
             return Err("--messages must be 1 to 100000000".into());
         }
         cfg.messages = n;
+    }
+    cfg.listeners = a.listeners;
+    if let Some(n) = a.shm_rounds {
+        if n == 0 || n > 10_000_000 {
+            return Err("--shm-rounds must be 1 to 10000000".into());
+        }
+        cfg.shm_rounds = n;
+    }
+    if let Some(n) = a.listener_messages {
+        if n == 0 || n > 100_000_000 {
+            return Err("--listener-messages must be 1 to 100000000".into());
+        }
+        cfg.listener_messages = n;
     }
     if let Some(s) = a.soak_secs {
         if s > 7 * 24 * 3600 {
