@@ -98,7 +98,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// The `--quick` run (about a minute, for CI) or the full one.
+    /// The `--quick` run (a few minutes, for CI) or the full one.
     pub fn new(exe: PathBuf, digits: PathBuf, quick: bool) -> Config {
         let transports = ["unix", "tcp", "shm"].map(String::from).to_vec();
         let slow = digits.with_file_name("slow_echo.onnx");

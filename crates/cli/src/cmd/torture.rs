@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// Arguments of `torture`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The ≈ 1 minute run (CI): fewer messages, shorter attacks.
+    /// The short run (CI, a few minutes): fewer messages, shorter attacks.
     #[arg(long)]
     quick: bool,
     /// Transports to attack, comma-separated (unix, tcp, shm).
