@@ -213,23 +213,7 @@ fn one_client(
     if s.hello().is_err() {
         return End::Closed;
     }
-    let mut desc = Vec::new();
-    wire::encode_tensor_section(
-        &[wire::TensorDesc {
-            dtype: wire::DType::U8,
-            shape: vec![EACH],
-            offset: 0,
-            len: EACH,
-        }],
-        None,
-        &mut desc,
-    );
-    let mut h = Header::new(Kind::Request);
-    h.model_id = identity;
-    h.request_id = 100 + i;
-    h.tensor_count = 1;
-    h.desc_len = desc.len() as u32;
-    h.payload_len = EACH;
+    let (h, desc) = crate::hostile::u8_request(identity, 100 + i, EACH);
     let mut head = h.encode().to_vec();
     head.extend_from_slice(&desc);
     if s.write_all(&head).is_err() {

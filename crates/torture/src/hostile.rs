@@ -63,6 +63,30 @@ pub fn valid_request(request_id: u64, model_id: u32) -> (Vec<u8>, std::ops::Rang
     (out, d0..d1)
 }
 
+/// A request to `model_id` carrying one `u8` tensor of `len` bytes at
+/// offset 0: its header (payload length `len`) and descriptor section.
+/// Over shm the tensor lies in the arena; `len` 0 gives the empty request.
+pub fn u8_request(model_id: u32, request_id: u64, len: u64) -> (Header, Vec<u8>) {
+    let mut desc = Vec::new();
+    encode_tensor_section(
+        &[TensorDesc {
+            dtype: DType::U8,
+            shape: vec![len],
+            offset: 0,
+            len,
+        }],
+        None,
+        &mut desc,
+    );
+    let mut h = Header::new(Kind::Request);
+    h.model_id = model_id;
+    h.request_id = request_id;
+    h.tensor_count = 1;
+    h.desc_len = desc.len() as u32;
+    h.payload_len = len;
+    (h, desc)
+}
+
 fn put(b: &mut [u8], at: usize, v: &[u8]) {
     b[at..at + v.len()].copy_from_slice(v);
 }

@@ -191,6 +191,37 @@ pub struct ScenarioResult {
 }
 
 impl ScenarioResult {
+    /// A row without a watched client: `tried` attempts, `defects` of them
+    /// failed, over `seconds`, with one note.
+    pub fn unobserved(
+        name: &str,
+        transport: &str,
+        tried: u64,
+        defects: u64,
+        seconds: f64,
+        note: String,
+    ) -> ScenarioResult {
+        ScenarioResult {
+            name: name.into(),
+            transport: transport.into(),
+            tried,
+            defects,
+            others_requests: 0,
+            others_errors: 0,
+            others_wrong: 0,
+            others_p99_before_us: 0.0,
+            others_p99_during_us: 0.0,
+            others_p99_after_us: 0.0,
+            others_p99_ratio: 0.0,
+            leaks: Leaks {
+                fds: 0,
+                rss_delta_kib: 0,
+            },
+            seconds,
+            notes: vec![note],
+        }
+    }
+
     /// No defect, no observer error, no descriptor left behind.
     pub fn clean(&self) -> bool {
         self.defects == 0 && self.others_errors == 0 && self.leaks.fds == 0

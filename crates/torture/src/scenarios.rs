@@ -525,25 +525,14 @@ fn fault_row(
         Ok(()) => "served".to_string(),
         Err(e) => format!("error: {e}"),
     };
-    ScenarioResult {
-        name: name.into(),
-        transport: transport.into(),
-        tried: 1,
-        defects: u64::from(!ok),
-        others_requests: 0,
-        others_errors: 0,
-        others_wrong: 0,
-        others_p99_before_us: 0.0,
-        others_p99_during_us: 0.0,
-        others_p99_after_us: 0.0,
-        others_p99_ratio: 0.0,
-        leaks: crate::Leaks {
-            fds: 0,
-            rss_delta_kib: 0,
-        },
-        seconds: took.as_secs_f64(),
-        notes: vec![format!("{what} after {:.0} ms", took.as_secs_f64() * 1e3)],
-    }
+    ScenarioResult::unobserved(
+        name,
+        transport,
+        1,
+        u64::from(!ok),
+        took.as_secs_f64(),
+        format!("{what} after {:.0} ms", took.as_secs_f64() * 1e3),
+    )
 }
 
 /// The payload budget the [`payload_budget`] scenario gives its agent.
@@ -576,25 +565,7 @@ pub fn payload_budget(cfg: &Config, transport: &str) -> Result<ScenarioResult, T
     scenario(&mut agent, cfg, "payload budget", transport, move |_| {
         const EACH: u64 = 16 << 20;
         let rss0 = crate::agent::rss_kib(pid);
-        let mut h = Header::new(Kind::Request);
-        let desc = {
-            let mut d = Vec::new();
-            wire::encode_tensor_section(
-                &[wire::TensorDesc {
-                    dtype: wire::DType::U8,
-                    shape: vec![EACH],
-                    offset: 0,
-                    len: EACH,
-                }],
-                None,
-                &mut d,
-            );
-            d
-        };
-        h.model_id = identity;
-        h.tensor_count = 1;
-        h.desc_len = desc.len() as u32;
-        h.payload_len = EACH;
+        let (mut h, desc) = crate::hostile::u8_request(identity, 0, EACH);
         let mut socks = Vec::new();
         for i in 0..16u64 {
             let Ok(mut s) = Sock::connect(&uri) else {
@@ -707,21 +678,7 @@ pub fn shm_hostile(
                         let _ = futex::wake(w, 1);
                         scribbled += 1;
                     } else {
-                        let mut desc = Vec::new();
-                        wire::encode_tensor_section(
-                            &[wire::TensorDesc {
-                                dtype: wire::DType::U8,
-                                shape: vec![0],
-                                offset: 0,
-                                len: 0,
-                            }],
-                            None,
-                            &mut desc,
-                        );
-                        let mut h = Header::new(Kind::Request);
-                        h.model_id = identity;
-                        h.tensor_count = 1;
-                        h.desc_len = desc.len() as u32;
+                        let (mut h, desc) = crate::hostile::u8_request(identity, 1, 0);
                         for id in 2..100_000u64 {
                             h.request_id = id;
                             if !matches!(ch.send(&h, &desc), Ok(true)) {

@@ -30,7 +30,7 @@ use transport::shm::layout::{AGENT_SLEEP, CLIENT_SLEEP};
 use transport::shm::{
     control_path, futex, ShmChannel, ShmError, SLEEP_FUTEX, SLEEP_PARKED, SLOT_LEN,
 };
-use wire::{Header, Kind, Limits};
+use wire::{Kind, Limits};
 
 /// Offsets inside a ring (see `transport::shm::ring`).
 const RING_TAIL: usize = 64;
@@ -66,27 +66,6 @@ pub fn attack(
     Ok(())
 }
 
-/// A request to identity with one empty tensor: header and descriptors.
-fn empty_request(identity: u32, id: u64) -> (Header, Vec<u8>) {
-    let mut desc = Vec::new();
-    wire::encode_tensor_section(
-        &[wire::TensorDesc {
-            dtype: wire::DType::U8,
-            shape: vec![0],
-            offset: 0,
-            len: 0,
-        }],
-        None,
-        &mut desc,
-    );
-    let mut h = Header::new(Kind::Request);
-    h.model_id = identity;
-    h.tensor_count = 1;
-    h.desc_len = desc.len() as u32;
-    h.request_id = id;
-    (h, desc)
-}
-
 /// A hostile client: its channel and what it has published so far.
 struct Hostile {
     ch: ShmChannel,
@@ -109,7 +88,7 @@ impl Hostile {
 
     /// Publishes one valid request; false when the ring is full (or broken).
     fn send(&mut self) -> bool {
-        let (h, desc) = empty_request(self.identity, self.next_id);
+        let (h, desc) = crate::hostile::u8_request(self.identity, self.next_id, 0);
         self.next_id += 1;
         match self.ch.send(&h, &desc) {
             Ok(true) => {
@@ -157,7 +136,7 @@ impl Hostile {
     /// with mark `mark` (which the agent must not take unless it is the
     /// one it expects there).
     fn forge(&self, at: u64, mark: u64) {
-        let (h, _) = empty_request(self.identity, 1);
+        let (h, _) = crate::hostile::u8_request(self.identity, 1, 0);
         let ring = self.ch.layout().request_ring;
         let slot = (at % self.capacity()) as usize;
         let head = h.encode();

@@ -19,7 +19,7 @@ pub mod tls;
 
 use crate::agent::AgentUnderTest;
 use crate::hostile::{self, Attack};
-use crate::{scenarios, Config, Leaks, ScenarioResult, TortureError};
+use crate::{scenarios, Config, ScenarioResult, TortureError};
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use std::io::{IoSlice, Read, Write};
@@ -202,25 +202,14 @@ fn vsock_reachable(agent: &AgentUnderTest) -> Result<(), String> {
 
 /// The row of a listener that could not be attacked here.
 fn skipped(transport: &str, why: &str) -> ScenarioResult {
-    ScenarioResult {
-        name: "listener attacks".into(),
-        transport: transport.into(),
-        tried: 0,
-        defects: 0,
-        others_requests: 0,
-        others_errors: 0,
-        others_wrong: 0,
-        others_p99_before_us: 0.0,
-        others_p99_during_us: 0.0,
-        others_p99_after_us: 0.0,
-        others_p99_ratio: 0.0,
-        leaks: Leaks {
-            fds: 0,
-            rss_delta_kib: 0,
-        },
-        seconds: 0.0,
-        notes: vec![format!("skipped: {why}")],
-    }
+    ScenarioResult::unobserved(
+        "listener attacks",
+        transport,
+        0,
+        0,
+        0.0,
+        format!("skipped: {why}"),
+    )
 }
 
 /// `(name, bytes)` pairs as shots on bare connections.
