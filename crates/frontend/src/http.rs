@@ -6,6 +6,7 @@
 //! parameters). Each inference is turned into the gRPC front door's input
 //! tensors and run through the same `infer_over_core` path.
 
+use crate::accept::DoorIncoming;
 use crate::access::{self, check_operator};
 use crate::datatype::dtype_from_kserve;
 use crate::door::{run_request, FrontDoor, INLINE_MAX_BYTES};
@@ -24,7 +25,7 @@ use crate::service::{
 };
 use crate::statistics::{model_statistics, stats_json, Refusal};
 use crate::sysshm::{shm_ref, PARAM_BYTE_SIZE, PARAM_OFFSET, PARAM_REGION};
-use crate::tls::{DoorTls, PlainText, TlsIncoming, HTTPS_SCHEME};
+use crate::tls::{DoorTls, PlainText, HTTPS_SCHEME};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -108,40 +109,27 @@ impl HttpFrontend {
             door,
             shared: shared.clone(),
         };
+        let core = app.door.core.clone();
         let router = router(app);
         let stop = |stopped: tokio::sync::oneshot::Receiver<()>| async move {
             let _ = stopped.await;
         };
-        let name = "tw-http-frontend";
-        match tls {
-            None => Running::start(
-                listen,
-                addr,
-                scheme,
-                name,
-                shared,
-                |listener, stopped| async move {
-                    let _ = axum::serve(listener, router)
-                        .with_graceful_shutdown(stop(stopped))
-                        .await;
-                },
-            ),
-            // The same server over connections whose handshakes finished
-            // (tls::TlsIncoming), with the same graceful shutdown.
-            Some(config) => Running::start(
-                listen,
-                addr,
-                scheme,
-                name,
-                shared,
-                |listener, stopped| async move {
-                    let incoming = TlsIncoming::start(listener, config, PlainText::HttpError);
-                    let _ = axum::serve(incoming, router)
-                        .with_graceful_shutdown(stop(stopped))
-                        .await;
-                },
-            ),
-        }
+        // Over connections admitted and past their first byte (and TLS
+        // handshake): accept::DoorIncoming.
+        Running::start(
+            listen,
+            addr,
+            scheme,
+            "tw-http-frontend",
+            shared,
+            |listener, stopped| async move {
+                let incoming =
+                    DoorIncoming::start(listener, &core, tls.map(|c| (c, PlainText::HttpError)));
+                let _ = axum::serve(incoming, router)
+                    .with_graceful_shutdown(stop(stopped))
+                    .await;
+            },
+        )
         .map(HttpFrontend)
     }
 

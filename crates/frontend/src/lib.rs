@@ -50,6 +50,7 @@
 //! `config.pbtxt`) and [`repository`] (the model repository and its
 //! load/unload control).
 
+mod accept;
 mod access;
 pub mod datatype;
 mod door;
@@ -76,7 +77,7 @@ pub use metrics::{parse_metrics_uri, Metrics, MetricsListener};
 pub use repository::{ControlMode, Repository, RepositoryError, RepositoryOptions};
 pub use server::{parse_grpc_uri, FrontendError, GrpcFrontend};
 pub use service::KServeService;
-pub use tls::{GRPCS_SCHEME, HANDSHAKE_TIMEOUT, HTTPS_SCHEME};
+pub use tls::{GRPCS_SCHEME, HTTPS_SCHEME};
 
 /// The KServe v2 protocol types and the tonic service and client, generated
 /// from `proto/grpc_service.proto` (protobuf package `inference`).

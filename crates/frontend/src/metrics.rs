@@ -665,7 +665,7 @@ impl MetricsListener {
     /// port 0 picks a free one). Returns once the socket is listening.
     pub fn start(listen: &str, core: Arc<AgentCore>) -> Result<MetricsListener, FrontendError> {
         let addr = parse_metrics_uri(listen)?;
-        let metrics = Arc::new(Metrics::new(core)?);
+        let metrics = Arc::new(Metrics::new(core.clone())?);
         let router = Router::new()
             .route(
                 "/metrics",
@@ -686,8 +686,10 @@ impl MetricsListener {
             HTTP_SCHEME,
             "tw-metrics",
             Arc::new(Shared::default()),
+            // Admitted and deadlined as the KServe doors' connections are.
             |listener, stopped| async move {
-                let _ = axum::serve(listener, router)
+                let incoming = crate::accept::DoorIncoming::start(listener, &core, None);
+                let _ = axum::serve(incoming, router)
                     .with_graceful_shutdown(async move {
                         let _ = stopped.await;
                     })

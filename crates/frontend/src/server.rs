@@ -2,10 +2,11 @@
 //! (or `grpcs://HOST:PORT`, over TLS: `tls`), with its own tokio runtime,
 //! serving [`KServeService`] over an agent core until stopped.
 
+use crate::accept::DoorIncoming;
 use crate::door::FrontDoor;
 use crate::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::service::{KServeService, Shared};
-use crate::tls::{DoorTls, PlainText, TlsIncoming, GRPCS_SCHEME};
+use crate::tls::{DoorTls, PlainText, GRPCS_SCHEME};
 use crate::{GRPC_SCHEME, MAX_MESSAGE_BYTES};
 use server::Via;
 use std::io;
@@ -155,6 +156,7 @@ impl GrpcFrontend {
         .unwrap_or(MAX_MESSAGE_BYTES)
         .min(MAX_MESSAGE_BYTES);
         let shared = Arc::new(Shared::via(Via::Grpc));
+        let core = door.core.clone();
         let service =
             GrpcInferenceServiceServer::new(KServeService::with_shared(door, shared.clone()))
                 .max_decoding_message_size(max_message)
@@ -165,30 +167,20 @@ impl GrpcFrontend {
             let _ = stopped.await;
         };
         let name = "tw-grpc-frontend";
-        match tls {
-            None => Running::start(listen, addr, scheme, name, shared, |listener, stopped| {
+        Running::start(
+            listen,
+            addr,
+            scheme,
+            name,
+            shared,
+            |listener, stopped| async move {
                 let incoming =
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                async move {
-                    let _ = router
-                        .serve_with_incoming_shutdown(incoming, stop(stopped))
-                        .await;
-                }
-            }),
-            Some(config) => Running::start(
-                listen,
-                addr,
-                scheme,
-                name,
-                shared,
-                |listener, stopped| async move {
-                    let incoming = TlsIncoming::start(listener, config, PlainText::Close);
-                    let _ = router
-                        .serve_with_incoming_shutdown(incoming.into_stream(), stop(stopped))
-                        .await;
-                },
-            ),
-        }
+                    DoorIncoming::start(listener, &core, tls.map(|c| (c, PlainText::Close)));
+                let _ = router
+                    .serve_with_incoming_shutdown(incoming.into_stream(), stop(stopped))
+                    .await;
+            },
+        )
         .map(GrpcFrontend)
     }
 

@@ -9,31 +9,23 @@
 //! gRPC clients insist on, `http/1.1` for the REST door). With a client
 //! CA, a client without a certificate signed by it fails the handshake.
 //!
-//! Handshakes never run in the accept loop: [`TlsIncoming`] accepts TCP
-//! connections and handshakes each in a task of its own, bounded by
-//! [`HANDSHAKE_TIMEOUT`], then hands the finished stream to the door's
-//! server (tonic or axum). A client that connects and never handshakes
-//! holds up nobody but itself, and is closed when its time is up. A
-//! plain-text HTTP request sent to an `https://` door gets a 400 saying
-//! so (in the KServe error JSON), rather than a bare reset.
+//! Handshakes never run in the accept loop: the doors' listener
+//! (`accept::DoorIncoming`) admits each TCP connection and runs its
+//! handshake ([`open_tls`]) in a task of its own, within the agent's
+//! handshake deadline, then hands the finished stream to the door's server
+//! (tonic or axum). A client that connects and never handshakes holds up
+//! nobody but itself, and is closed when its time is up. A plain-text HTTP
+//! request sent to an `https://` door gets a 400 saying so (in the KServe
+//! error JSON), rather than a bare reset.
 
 use crate::server::FrontendError;
-use std::convert::Infallible;
-use std::io;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::{Connected, TcpConnectInfo};
 use transport::tls::ServerTlsFiles;
 
 /// The URI scheme of the gRPC front door over TLS.
@@ -41,14 +33,6 @@ pub const GRPCS_SCHEME: &str = "grpcs://";
 
 /// The URI scheme of the HTTP/REST front door over TLS.
 pub const HTTPS_SCHEME: &str = "https://";
-
-/// How long a client has, from its TCP connect, to complete the TLS
-/// handshake on a `grpcs://` or `https://` door.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Handshakes in progress at once on one door; past that, a new
-/// connection is closed at once until one ends.
-const MAX_HANDSHAKES: usize = 1024;
 
 /// The first byte of every TLS connection: a handshake record.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
@@ -144,128 +128,23 @@ pub(crate) enum PlainText {
     HttpError,
 }
 
-/// A TLS door's listener: TCP connections accepted and handshaken in
-/// tasks of their own (module docs); finished ones come out of it, as
-/// axum's [`axum::serve::Listener`] or as tonic's incoming stream.
-///
-/// Dropping it stops the accepting (and closes the socket) once the task
-/// notices, and drops every handshake that finishes afterwards.
-pub(crate) struct TlsIncoming {
-    rx: mpsc::Receiver<(TlsConn, SocketAddr)>,
-    local: Result<SocketAddr, io::ErrorKind>,
-}
-
-impl TlsIncoming {
-    /// Starts accepting on `listener` with `config`. Must be called on a
-    /// tokio runtime (it spawns the accept task).
-    pub(crate) fn start(
-        listener: TcpListener,
-        config: Arc<ServerConfig>,
-        plain: PlainText,
-    ) -> TlsIncoming {
-        let local = listener.local_addr().map_err(|e| e.kind());
-        let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(accept_loop(listener, TlsAcceptor::from(config), plain, tx));
-        TlsIncoming { rx, local }
-    }
-
-    /// The finished connections as a stream, for tonic's
-    /// `serve_with_incoming`.
-    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<TlsConn, Infallible>> {
-        ReceiverStream::new(self.rx).map(|(conn, _)| Ok(conn))
-    }
-}
-
-impl axum::serve::Listener for TlsIncoming {
-    type Io = TlsConn;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (TlsConn, SocketAddr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            // The accept task is gone (it only ends when this is dropped).
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.local.map_err(io::Error::from)
-    }
-}
-
-/// Accepts connections until the receiving side is dropped; handshakes
-/// each in its own task.
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
+/// The TLS handshake of a door's connection whose `first` byte arrived;
+/// `None` when it fails (the connection is closed as it drops). A client
+/// that does not start with a TLS handshake record is closed, or told why
+/// in HTTP first (`plain`).
+pub(crate) async fn open_tls(
+    stream: TcpStream,
+    first: u8,
+    acceptor: &TlsAcceptor,
     plain: PlainText,
-    tx: mpsc::Sender<(TlsConn, SocketAddr)>,
-) {
-    let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            () = tx.closed() => return,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(c) => c,
-            Err(e) => {
-                // As axum and hyper do: a connection that went away is
-                // nothing; anything else (out of file descriptors) waits.
-                if !matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused
-                        | io::ErrorKind::ConnectionAborted
-                        | io::ErrorKind::ConnectionReset
-                ) {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                continue;
-            }
-        };
-        // With every handshake slot taken (peers that connect and say
-        // nothing hold one each, up to HANDSHAKE_TIMEOUT), a newcomer is
-        // closed at once rather than left in the kernel's backlog: the
-        // accept loop never stops.
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            drop(tcp);
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let done =
-                tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &acceptor, plain)).await;
-            drop(permit);
-            if let Ok(Some(conn)) = done {
-                // Fails only when the door is closing: the connection drops.
-                let _ = tx.send((conn, peer)).await;
-            }
-        });
-    }
-}
-
-/// The TLS handshake of one connection; `None` when it fails (the
-/// connection is closed).
-async fn handshake(tcp: TcpStream, acceptor: &TlsAcceptor, plain: PlainText) -> Option<TlsConn> {
-    let mut first = [0u8; 1];
-    match tcp.peek(&mut first).await {
-        Ok(1) => {}
-        _ => return None,
-    }
-    if first[0] != TLS_HANDSHAKE_RECORD {
+) -> Option<TlsStream<TcpStream>> {
+    if first != TLS_HANDSHAKE_RECORD {
         if plain == PlainText::HttpError {
-            refuse_plain_http(tcp).await;
+            refuse_plain_http(stream).await;
         }
         return None;
     }
-    let info = TcpConnectInfo {
-        local_addr: tcp.local_addr().ok(),
-        remote_addr: tcp.peer_addr().ok(),
-    };
-    let inner = acceptor.accept(tcp).await.ok()?;
-    Some(TlsConn { inner, info })
+    acceptor.accept(stream).await.ok()
 }
 
 /// Answers a plain-text HTTP request with 400 and the reason, then closes.
@@ -295,61 +174,6 @@ async fn refuse_plain_http(mut tcp: TcpStream) {
         }
     })
     .await;
-}
-
-/// A connection of a TLS door, handshake done.
-pub(crate) struct TlsConn {
-    inner: TlsStream<TcpStream>,
-    info: TcpConnectInfo,
-}
-
-impl AsyncRead for TlsConn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsConn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-impl Connected for TlsConn {
-    // The plain gRPC door's: a call sees the same peer address either way.
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.info.clone()
-    }
 }
 
 #[cfg(test)]

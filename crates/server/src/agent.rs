@@ -170,12 +170,16 @@ impl Agent {
         let core = Arc::new(
             AgentCore::new(registry, cfg.limits, cfg.max_total_payload)
                 .with_request_timing(cfg.request_timing)
-                .with_tenants(tenants),
+                .with_tenants(tenants)
+                .with_connections(
+                    cfg.max_connections,
+                    cfg.max_connections_per_peer,
+                    cfg.handshake_timeout,
+                ),
         );
-        let conns = Arc::new(ConnTable::new(
-            cfg.max_connections,
-            cfg.max_connections_per_peer.min(cfg.max_connections),
-        ));
+        // One table for every connection, the front doors' too
+        // (`AgentCore::conns`).
+        let conns = core.conns().clone();
         let spawn_err =
             |what: &str, e: std::io::Error| AgentError::Inproc(format!("cannot start {what}: {e}"));
         check_fd_limit(cfg.max_connections);

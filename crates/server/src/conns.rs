@@ -35,6 +35,9 @@ pub enum Conn {
     Stream(StreamWriter),
     /// A shared-memory session.
     Shm(Arc<ShmHandle>),
+    /// A TCP connection served outside the agent's sessions (a KServe
+    /// front door's): shutting its socket down ends it there too.
+    Tcp(Arc<std::net::TcpStream>),
 }
 
 impl Conn {
@@ -44,6 +47,9 @@ impl Conn {
                 let _ = w.shutdown();
             }
             Conn::Shm(h) => h.close(),
+            Conn::Tcp(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 }
@@ -151,6 +157,16 @@ pub struct ConnTable {
     /// Closed for stalling in the middle of a message.
     pub stalls: AtomicU64,
     refusals: Mutex<RefusalLog>,
+}
+
+impl std::fmt::Debug for ConnTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnTable")
+            .field("max", &self.max)
+            .field("max_per_peer", &self.max_per_peer)
+            .field("counts", &self.counts())
+            .finish()
+    }
 }
 
 /// A session's place in the table: dropping it gives the connection back.
@@ -347,6 +363,26 @@ impl Slot {
                 Ok(_) => return,
                 Err(now) => cur = now,
             }
+        }
+    }
+
+    /// Its owner closes the connection for not completing its handshake
+    /// in time (a listener that keeps its own deadline, as the KServe
+    /// doors do): counted as the reaper counts it, unless the reaper
+    /// already did or the connection has left its handshake.
+    pub fn handshake_timed_out(&self) {
+        let word = self.state.0.load(Ordering::Relaxed);
+        if word != CLOSING
+            && unpack(word).0 == Phase::Handshake as u8
+            && self
+                .state
+                .0
+                .compare_exchange(word, CLOSING, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.table
+                .handshake_timeouts
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -26,6 +26,7 @@
 //! the timeline a transport stamps: one that reads the clock while the
 //! agent times requests for these statistics (`AgentConfig::request_timing`).
 
+use crate::conns::ConnTable;
 use crate::queue::{Ask, Refused};
 use crate::registry::{ModelEntry, ModelRegistry};
 use crate::stats::Via;
@@ -287,12 +288,17 @@ pub struct AgentCore {
     small_share: u64,
     drain_lock: Mutex<()>,
     drain_cv: Condvar,
+    /// Every open connection of the agent, the front doors' too.
+    conns: Arc<ConnTable>,
+    /// How long a new connection has to start its handshake.
+    handshake_timeout: Duration,
 }
 
 impl AgentCore {
     /// A core serving `registry` under `limits`, with at most
     /// `payload_budget` payload bytes held by requests in flight at once.
     pub fn new(registry: ModelRegistry, limits: Limits, payload_budget: u64) -> AgentCore {
+        let defaults = crate::config::AgentConfig::default();
         AgentCore {
             registry,
             limits,
@@ -309,7 +315,40 @@ impl AgentCore {
             small_share: payload_budget / SMALL_SHARE,
             drain_lock: Mutex::new(()),
             drain_cv: Condvar::new(),
+            conns: Arc::new(ConnTable::new(
+                defaults.max_connections,
+                defaults.max_connections_per_peer,
+            )),
+            handshake_timeout: defaults.handshake_timeout,
         }
+    }
+
+    /// This core, counting connections against `max` agent-wide and
+    /// `max_per_peer` per peer, and giving new ones `handshake_timeout` to
+    /// start their handshake (the agent's `[connections]` settings; a core
+    /// made with [`AgentCore::new`] has their defaults).
+    pub fn with_connections(
+        mut self,
+        max: usize,
+        max_per_peer: usize,
+        handshake_timeout: Duration,
+    ) -> AgentCore {
+        self.conns = Arc::new(ConnTable::new(max, max_per_peer.min(max)));
+        self.handshake_timeout = handshake_timeout;
+        self
+    }
+
+    /// Every open connection of the agent: listeners its owner runs
+    /// beside it (the KServe front doors) admit theirs here too, so they
+    /// count against the same limits as the agent's own.
+    pub fn conns(&self) -> &Arc<ConnTable> {
+        &self.conns
+    }
+
+    /// How long a new connection has to start its handshake before it is
+    /// closed (`[connections] handshake_timeout_ms`).
+    pub fn handshake_timeout(&self) -> Duration {
+        self.handshake_timeout
     }
 
     /// This core, timing every request for the models' statistics or not

@@ -191,9 +191,18 @@ pub fn slowloris(
     })
 }
 
+/// The agent's handshake deadline (`serve`'s default
+/// `handshake_timeout_ms`, which the agent under test keeps), plus the
+/// reaper's slack: every listener, the KServe doors included, closes a
+/// connection that has not started its handshake by then.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_millis(3000 + 750);
+
 /// Idle connections: `cfg.idle` bare connections (no Hello, no TLS
 /// handshake, no HTTP request), held for `cfg.attack`. The agent may
-/// refuse some (its limits, clearly); the observer must not notice.
+/// refuse some (its limits, clearly); the observer must not notice. When
+/// the hold outlasts the agent's handshake deadline, a connection the
+/// agent has not closed by then is a defect (it would hold a descriptor
+/// forever); a shorter hold only notes how many were closed.
 pub fn idle(
     agent: &mut AgentUnderTest,
     cfg: &Config,
@@ -220,9 +229,14 @@ pub fn idle(
             .count();
         let open = held.len();
         drop(held);
+        let never_closed = if dur >= HANDSHAKE_DEADLINE {
+            (open - closed) as u64
+        } else {
+            0
+        };
         Tried {
             count: n as u64,
-            defects: 0,
+            defects: never_closed,
             notes: vec![format!(
                 "{open} connected ({failed} refused at connect); {closed} closed by the agent within {dur:?}"
             )],
