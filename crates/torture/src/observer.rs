@@ -8,7 +8,7 @@
 //!
 //! Beside an attack on a KServe front door (http, grpc) it is served over
 //! native tcp and, every fourth call, also calls identity the KServe way
-//! ([`kserve_call`]: an HTTP/1.1 binary-data infer on a kept-alive
+//! (`kserve_call`: an HTTP/1.1 binary-data infer on a kept-alive
 //! connection), checking the bytes come back.
 
 use crate::agent::AgentUnderTest;

@@ -3,7 +3,7 @@
 //!
 //! Without a tenants file the agent is *open*: every session sees and
 //! calls every model within the agent-wide limits, and nothing here runs.
-//! With one (`serve --tenants FILE`, see [`file`]), each session is matched
+//! With one (`serve --tenants FILE`, see [`file`](mod@file)), each session is matched
 //! to a tenant once, at its Hello ([`Tenants::resolve`]):
 //!
 //! 1. a Hello carrying a bearer token: the tenant that lists the token's
