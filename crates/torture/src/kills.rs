@@ -293,14 +293,18 @@ struct Victim<'a> {
 }
 
 impl Victim<'_> {
-    /// Starts a `tensorwire infer` child calling `slow` with the input file.
-    fn spawn(&self) -> Result<Child, String> {
+    /// Starts a `tensorwire infer` child calling `slow` with the input
+    /// file; its stderr goes to `stderr` (read when a stage is missed).
+    fn spawn(&self, stderr: &std::fs::File) -> Result<Child, String> {
         let mut cmd = Command::new(self.exe);
+        let stderr = stderr
+            .try_clone()
+            .map_err(|e| format!("victim stderr: {e}"))?;
         cmd.args(["infer", "--connect", &self.uri, "--model", MODEL, "--input"])
             .arg(format!("x={}", self.npy.display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(stderr);
         die_with_parent(&mut cmd);
         cmd.spawn()
             .map_err(|e| format!("cannot run {}: {e}", self.exe.display()))
@@ -385,12 +389,25 @@ impl Victim<'_> {
 
     /// Starts the victim, waits for `stage`, kills it; says what was seen.
     fn aim(&self, stage: Stage, before: QueueState) -> Result<String, String> {
-        let mut child = self.spawn()?;
+        let mut stderr = tempfile::tempfile().map_err(|e| format!("victim stderr: {e}"))?;
+        let mut child = self.spawn(&stderr)?;
         let r = self.aim_at(&mut child, stage, before);
         // SIGKILL (also when the stage was missed), and reap it.
         let _ = child.kill();
         let status = child.wait().map_err(|e| e.to_string())?;
-        let r = r?;
+        let r = r.map_err(|e| {
+            // What the victim said, if it ended on its own.
+            let mut said = String::new();
+            use std::io::Seek;
+            let _ = stderr.rewind();
+            let _ = (&mut stderr).take(400).read_to_string(&mut said);
+            let said = said.trim();
+            if said.is_empty() {
+                format!("{e}; the victim {status}, saying nothing")
+            } else {
+                format!("{e}; the victim {status}, saying: {said}")
+            }
+        })?;
         // A victim that ended on its own was not killed at any stage.
         use std::os::unix::process::ExitStatusExt;
         if status.signal() != Some(libc::SIGKILL) {
