@@ -186,12 +186,16 @@ impl Drop for Groups {
     }
 }
 
-/// A loopback port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a loopback port")
+/// `n` distinct loopback ports nothing listens on right now. All are held
+/// bound until every one is chosen, so the kernel cannot hand out the same
+/// port twice (a released ephemeral port is often the next one given).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port's address").port())
+        .collect()
 }
 
 /// The last lines of every agent log (`*.out`, `*.err`) in `dir`.
@@ -262,7 +266,8 @@ fn every_runnable_block_runs_against_real_agents() {
     );
     let ports: Vec<(&str, String)> = PAGE_PORTS
         .iter()
-        .map(|p| (*p, format!("127.0.0.1:{}", free_port())))
+        .zip(free_ports(PAGE_PORTS.len()))
+        .map(|(p, port)| (*p, format!("127.0.0.1:{port}")))
         .collect();
 
     let mut groups = Groups(Vec::new());
