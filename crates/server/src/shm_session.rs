@@ -193,6 +193,8 @@ impl PullSource {
     }
 
     /// Whether the client process still runs (its pidfd is not readable).
+    /// A signal in the poll (`EINTR`, even with a zero timeout) is retried,
+    /// not taken for the client's death.
     fn alive(&self) -> bool {
         use rustix::event::{poll, PollFd, PollFlags};
         let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
@@ -200,7 +202,12 @@ impl PullSource {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        matches!(poll(&mut fds, Some(&zero)), Ok(0))
+        loop {
+            match poll(&mut fds, Some(&zero)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => return matches!(r, Ok(0)),
+            }
+        }
     }
 }
 

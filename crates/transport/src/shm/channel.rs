@@ -770,16 +770,22 @@ impl ShmChannel {
     }
 
     /// False once the peer's end of the control socket is closed (its
-    /// process exited or was killed).
+    /// process exited or was killed). A signal landing in the poll is not
+    /// the peer's death: even a zero-timeout poll(2) returns `EINTR` when a
+    /// signal is pending and no fd is ready, so it is retried.
     pub fn peer_alive(&self) -> bool {
         let mut fds = [PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP)];
-        match poll(
-            &mut fds,
-            Some(&rustix::time::Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            }),
-        ) {
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let polled = loop {
+            match poll(&mut fds, Some(&zero)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => break r,
+            }
+        };
+        match polled {
             Ok(0) => true,
             Ok(_) => {
                 let r = fds[0].revents();
@@ -1042,6 +1048,45 @@ mod tests {
             c.recv(&limits, WaitPolicy::CLIENT, None),
             Err(ShmError::PeerGone)
         ));
+    }
+
+    /// Signals landing while the agent checks its peer do not make a live
+    /// peer look dead (without the retry, more than half the checks under
+    /// this storm said so, and a real session would have ended).
+    #[test]
+    fn a_signal_does_not_make_a_live_peer_look_dead() {
+        use crate::shm::signals;
+        use std::sync::atomic::AtomicBool;
+        signals::catch_sigusr1();
+        let (_c, a, _) = pair(small());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let checker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                tid_tx.send(signals::this_thread()).unwrap();
+                let start = Instant::now();
+                let (mut checks, mut dead) = (0u64, 0u64);
+                while checks < 2_000_000 && start.elapsed() < Duration::from_secs(1) {
+                    checks += 1;
+                    dead += u64::from(!a.peer_alive());
+                }
+                stop.store(true, Ordering::SeqCst);
+                (checks, dead)
+            })
+        };
+        let tid = tid_rx.recv().unwrap();
+        let mut sent = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            signals::interrupt(tid);
+            sent += 1;
+        }
+        let (checks, dead) = checker.join().unwrap();
+        assert!(sent > 1000, "only {sent} signals sent");
+        assert_eq!(
+            dead, 0,
+            "{dead} of {checks} checks under {sent} signals said the peer was dead"
+        );
     }
 
     /// Waits up to 2 s for `fd` to be readable (what an event loop does).

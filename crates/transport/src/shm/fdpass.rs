@@ -1,7 +1,14 @@
 //! Passing one file descriptor with a message over a Unix socket
 //! (`SCM_RIGHTS`): how a tenant receives its private arena without the arena
 //! ever having a name another process could open.
+//!
+//! Both calls retry when a signal interrupts them: the sockets carry
+//! `SO_RCVTIMEO`/`SO_SNDTIMEO`, and on such a socket the kernel returns
+//! `EINTR` even for a handler installed with `SA_RESTART`, so any signal the
+//! host process takes (a profiler's timer, libFuzzer's alarm) would
+//! otherwise end a healthy bootstrap.
 
+use rustix::io::Errno;
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
@@ -21,7 +28,12 @@ pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: BorrowedFd<'_>) -> io::R
             "no room for the fd in the control message",
         ));
     }
-    let n = sendmsg(sock, &[IoSlice::new(data)], &mut cmsg, SendFlags::NOSIGNAL)?;
+    let n = loop {
+        match sendmsg(sock, &[IoSlice::new(data)], &mut cmsg, SendFlags::NOSIGNAL) {
+            Err(Errno::INTR) => continue,
+            r => break r?,
+        }
+    };
     if n != data.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
@@ -36,12 +48,17 @@ pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: BorrowedFd<'_>) -> io::R
 pub fn recv_with_fd(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-    let r = recvmsg(
-        sock,
-        &mut [IoSliceMut::new(buf)],
-        &mut cmsg,
-        RecvFlags::CMSG_CLOEXEC,
-    )?;
+    let r = loop {
+        match recvmsg(
+            sock,
+            &mut [IoSliceMut::new(buf)],
+            &mut cmsg,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Err(Errno::INTR) => continue,
+            r => break r?,
+        }
+    };
     let mut got: Vec<OwnedFd> = Vec::new();
     for m in cmsg.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
@@ -85,5 +102,34 @@ mod tests {
         (&a).write_all(b"x").unwrap();
         let (n, fd) = recv_with_fd(&b, &mut buf).unwrap();
         assert_eq!((n, fd.is_none()), (1, true));
+    }
+
+    /// A signal landing while the receiver waits (on a socket with a
+    /// timeout, where `SA_RESTART` does not apply) must not fail the call.
+    #[test]
+    fn a_signal_does_not_interrupt_the_fd_message() {
+        crate::shm::signals::catch_sigusr1();
+        let (a, b) = UnixStream::pair().unwrap();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let receiver = std::thread::spawn(move || {
+            tid_tx.send(crate::shm::signals::this_thread()).unwrap();
+            let mut buf = [0u8; 16];
+            recv_with_fd(&b, &mut buf).map(|(n, fd)| (buf[..n].to_vec(), fd.is_some()))
+        });
+        let tid = tid_rx.recv().unwrap();
+        for _ in 0..5 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            // The receiver is alive: blocked in recvmsg until the send.
+            crate::shm::signals::interrupt(tid);
+        }
+        let arena = Arena::create("tw-pass-signal", 4096).unwrap();
+        send_with_fd(&a, b"after", arena.fd()).unwrap();
+        let got = receiver
+            .join()
+            .unwrap()
+            .expect("recv_with_fd survives signals");
+        assert_eq!(got, (b"after".to_vec(), true));
     }
 }

@@ -28,3 +28,40 @@ pub use channel::{
 pub use layout::Layout;
 pub use mirror::{RingSpan, TensorRing};
 pub use ring::{Ring, RingError, SLOT_LEN};
+
+/// Test support: signals that interrupt system calls.
+#[cfg(test)]
+pub(crate) mod signals {
+    extern "C" fn ignore(_: libc::c_int) {}
+
+    /// Installs a handler doing nothing for SIGUSR1 (which no other test
+    /// in this crate uses), so that a `pthread_kill` with it interrupts a
+    /// system call instead of killing the process.
+    pub(crate) fn catch_sigusr1() {
+        // SAFETY: the sigaction struct is zeroed and then filled as
+        // sigaction(2) documents; the handler is async-signal-safe (it does
+        // nothing). SA_RESTART is set as most programs set it: the calls
+        // under test must survive the signal even so.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+    }
+
+    /// The calling thread, for [`interrupt`].
+    pub(crate) fn this_thread() -> libc::pthread_t {
+        // SAFETY: pthread_self has no preconditions.
+        unsafe { libc::pthread_self() }
+    }
+
+    /// Sends SIGUSR1 to `thread`. A thread that has just ended (its
+    /// caller not yet joined it) is not an error.
+    pub(crate) fn interrupt(thread: libc::pthread_t) {
+        // SAFETY: `thread` is not joined yet (the callers join it after
+        // their last call), so its id still names it.
+        let _ = unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+    }
+}
