@@ -157,3 +157,59 @@ fn torture_quick_is_clean() {
     let report = std::fs::read_to_string(dir.path().join("report.md")).expect("report.md");
     assert!(report.contains("| hostile bytes | unix |"), "{report}");
 }
+
+/// `--only` runs the groups named and nothing else; a name that is not a
+/// group is refused, naming the ones that are.
+#[test]
+fn torture_only_runs_the_groups_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tensorwire_command()
+        .args([
+            "torture",
+            "--quick",
+            "--only",
+            "faults",
+            "--transports",
+            "unix",
+            "--out",
+        ])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tensorwire torture");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(dir.path().join("results.json")).expect("results.json");
+    let r: Value = serde_json::from_str(&text).expect("results.json parses");
+    let names: Vec<String> = r["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .map(|x| format!("{} / {}", x["name"], x["transport"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "agent stopped (SIGSTOP) / unix",
+            "agent killed (SIGKILL) / unix",
+            "agent restarted, client reconnects / unix",
+        ],
+        "{stdout}"
+    );
+
+    let out = tensorwire_command()
+        .args(["torture", "--only", "kill"])
+        .output()
+        .expect("run tensorwire torture");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr
+            .contains("'kill' is not one of sockets, shm, listeners, budget, kills, faults, soak"),
+        "{stderr}"
+    );
+}

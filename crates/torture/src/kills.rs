@@ -11,9 +11,10 @@
 //! model ([`QueueState`]: runs in progress, requests waiting, in flight,
 //! runs completed) before the kill, and the row's notes say what was seen.
 //!
-//! - *queued*: two other clients of this process hold the model (one
-//!   running, one waiting); the victim is killed once the agent counts it
-//!   waiting behind them (2 waiting). Both must then be answered.
+//! - *queued*: two other clients of this process keep the model held
+//!   (each calls again as soon as it is answered: one running, one
+//!   waiting); the victim is killed once the agent counts it waiting too
+//!   (2 waiting). Every call of theirs must be answered.
 //! - *computing*: the victim alone; killed once its run is in progress
 //!   (1 running, 1 in flight).
 //! - *being answered*: the victim is stopped (SIGSTOP: it reads nothing
@@ -31,11 +32,12 @@
 use crate::agent::{die_with_parent, AgentUnderTest};
 use crate::scenarios::{scenario, Tried};
 use crate::{Config, ScenarioResult, TortureError};
-use client::{Client, ClientOptions, DType, TensorRef};
+use client::{Client, ClientOptions, DType, Model, TensorRef};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The model the kills aim at, as the agent serves it.
@@ -270,18 +272,37 @@ fn warm(uri: &str, n: u64) -> Result<(), TortureError> {
     call(uri, n).map_err(|e| TortureError(format!("{uri}: warm-up call of {MODEL}: {e}")))
 }
 
-/// Calls `slow` once with `n` elements; checks the echo.
+/// Calls `slow` once with `n` elements on a connection of its own.
 fn call(uri: &str, n: u64) -> Result<(), String> {
     let c = Client::connect_with(uri, client_opts()).map_err(|e| e.to_string())?;
-    let m = c.model(MODEL).map_err(|e| e.to_string())?;
+    echo(&c.model(MODEL).map_err(|e| e.to_string())?, n)
+}
+
+/// Calls `model` once with `n` elements; checks the echo.
+fn echo(model: &Model, n: u64) -> Result<(), String> {
     let data = input(n);
     let shape = [n];
     let t = TensorRef::new(DType::F32, &shape, &data).map_err(|e| e.to_string())?;
-    let r = m.infer(&[t]).map_err(|e| e.to_string())?;
+    let r = model.infer(&[t]).map_err(|e| e.to_string())?;
     match r.outputs.first() {
         Some(y) if y.bytes() == data.as_slice() => Ok(()),
         _ => Err("the echo came back with other bytes".into()),
     }
+}
+
+/// Calls `slow` again and again on one connection until `stop` (at most
+/// `HOLD_CALLS` times, so a harness that never stops it still ends); how
+/// many calls it made.
+fn hold(uri: &str, stop: &AtomicBool) -> Result<u64, String> {
+    const HOLD_CALLS: u64 = 1000;
+    let c = Client::connect_with(uri, client_opts()).map_err(|e| e.to_string())?;
+    let m = c.model(MODEL).map_err(|e| e.to_string())?;
+    let mut calls = 0;
+    while calls < HOLD_CALLS && !stop.load(Ordering::SeqCst) {
+        echo(&m, 64)?;
+        calls += 1;
+    }
+    Ok(calls)
 }
 
 /// What a kill row needs to start and aim at victims.
@@ -323,42 +344,47 @@ impl Victim<'_> {
             Ok(s) => s,
             Err(e) => return note(tried, true, format!("the model was not idle before: {e}")),
         };
-        let (outcome, others) = std::thread::scope(|s| {
-            // Queued: two clients of our own hold the model first, one
-            // running and one waiting; the victim waits behind both.
+        let stop = AtomicBool::new(false);
+        let (outcome, holder_calls, others) = std::thread::scope(|s| {
+            // Queued: two clients of our own keep the model held, one
+            // running and one waiting, calling again as each answer comes,
+            // until the victim is killed; the victim waits behind them
+            // however long it takes to start and send (64 MiB over shm
+            // takes longer than two runs).
             let mut holders = Vec::new();
             let mut outcome = Ok(String::new());
             if stage == Stage::Queued {
-                for waiting in 0..2u64 {
-                    let uri = self.uri.as_str();
-                    holders.push(s.spawn(move || call(uri, 64)));
-                    let held = wait_for(self.metrics, STAGE_LIMIT, |q| {
-                        q.running == 1 && q.waiting == waiting
-                    });
-                    if let Err(e) = held {
-                        outcome = Err(format!("the model was not held: {e}"));
-                        break;
-                    }
+                for _ in 0..2 {
+                    let (uri, stop) = (self.uri.as_str(), &stop);
+                    holders.push(s.spawn(move || hold(uri, stop)));
+                }
+                let held = wait_for(self.metrics, STAGE_LIMIT, |q| {
+                    q.running == 1 && q.waiting == 1
+                });
+                if let Err(e) = held {
+                    outcome = Err(format!("the model was not held: {e}"));
                 }
             }
             if outcome.is_ok() {
                 outcome = self.aim(stage, before);
             }
-            let others: Vec<String> = holders
-                .into_iter()
-                .filter_map(|h| match h.join() {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e),
-                    Err(_) => Some("a holder panicked".into()),
-                })
-                .collect();
-            (outcome, others)
+            stop.store(true, Ordering::SeqCst);
+            let mut calls = 0;
+            let mut others = Vec::new();
+            for h in holders {
+                match h.join() {
+                    Ok(Ok(n)) => calls += n,
+                    Ok(Err(e)) => others.push(e),
+                    Err(_) => others.push("a holder panicked".into()),
+                }
+            }
+            (outcome, calls, others)
         });
         tried.count += 1;
         let after = wait_for(self.metrics, STAGE_LIMIT, QueueState::idle);
         match (&outcome, &after) {
             (Ok(seen), Ok(a)) => {
-                let own_runs = a.runs - before.runs - if stage == Stage::Queued { 2 } else { 0 };
+                let own_runs = a.runs.saturating_sub(before.runs + holder_calls);
                 note(
                     tried,
                     false,
@@ -426,7 +452,7 @@ impl Victim<'_> {
         match stage {
             Stage::Queued => {
                 let q = wait_for(m, STAGE_LIMIT, |q| q.running == 1 && q.waiting == 2)?;
-                Ok(format!("killed while waiting behind two others ({q})"))
+                Ok(format!("killed while waiting its turn ({q})"))
             }
             Stage::Computing => {
                 let q = wait_for(m, STAGE_LIMIT, |q| q.running == 1 && q.in_flight == 1)?;

@@ -91,8 +91,8 @@ pub struct Config {
     pub soak: Duration,
     /// Whether this is the `--quick` run.
     pub quick: bool,
-    /// Run only the soak (no attack scenarios).
-    pub soak_only: bool,
+    /// The groups of scenarios to run (all of [`Group::ALL`] by default).
+    pub groups: Vec<Group>,
     /// The tweet classifier to put in the soak's mix, when its files exist.
     pub classifier: Option<soak::ClassifierFiles>,
 }
@@ -120,7 +120,7 @@ impl Config {
                 phase: Duration::from_millis(500),
                 soak: Duration::from_secs(20),
                 quick,
-                soak_only: false,
+                groups: Group::ALL.to_vec(),
                 classifier: None,
             }
         } else {
@@ -140,10 +140,78 @@ impl Config {
                 phase: Duration::from_secs(3),
                 soak: Duration::from_secs(3600),
                 quick,
-                soak_only: false,
+                groups: Group::ALL.to_vec(),
                 classifier: None,
             }
         }
+    }
+}
+
+/// A group of scenarios, chosen with `--only` to rerun part of the suite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// Hostile bytes, slowloris, idle connections, churn and client kills
+    /// on the socket transports.
+    Sockets,
+    /// Hostile shm clients, broken ring indices, held sleep words and
+    /// client kills over shm.
+    Shm,
+    /// The attacks on tls, vsock and the KServe http and grpc doors.
+    Listeners,
+    /// The payload budget rows (declared and real bytes).
+    Budget,
+    /// Clients killed while queued, computing or being answered.
+    Kills,
+    /// The agent killed, stopped and restarted under its clients.
+    Faults,
+    /// The soak (when its duration is not 0).
+    Soak,
+}
+
+impl Group {
+    /// Every group, in the order the suite runs them.
+    pub const ALL: [Group; 7] = [
+        Group::Sockets,
+        Group::Shm,
+        Group::Listeners,
+        Group::Budget,
+        Group::Kills,
+        Group::Faults,
+        Group::Soak,
+    ];
+
+    /// The group's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::Sockets => "sockets",
+            Group::Shm => "shm",
+            Group::Listeners => "listeners",
+            Group::Budget => "budget",
+            Group::Kills => "kills",
+            Group::Faults => "faults",
+            Group::Soak => "soak",
+        }
+    }
+}
+
+impl std::str::FromStr for Group {
+    type Err = String;
+
+    /// # Examples
+    ///
+    /// ```
+    /// use torture::Group;
+    /// assert_eq!("kills".parse::<Group>(), Ok(Group::Kills));
+    /// assert!("kill".parse::<Group>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Group, String> {
+        Group::ALL
+            .into_iter()
+            .find(|g| g.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Group::ALL.iter().map(|g| g.name()).collect();
+                format!("'{s}' is not one of {}", names.join(", "))
+            })
     }
 }
 
@@ -254,11 +322,9 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
         }
         rows.push(r);
     };
-    if !cfg.soak_only {
-        attacks(cfg, &mut |r| push(r, &mut rows))?;
-    }
+    attacks(cfg, &mut |r| push(r, &mut rows))?;
     let mut soak_seconds = Vec::new();
-    if !cfg.soak.is_zero() {
+    if cfg.groups.contains(&Group::Soak) && !cfg.soak.is_zero() {
         let s = soak::soak(cfg, cfg.soak.as_secs().max(1))?;
         push(s.row, &mut rows);
         soak_seconds = s.seconds;
@@ -272,42 +338,59 @@ pub fn run(cfg: &Config, quiet: bool) -> Result<Report, TortureError> {
     })
 }
 
-/// Every attack scenario on every transport it applies to, each row handed
-/// to `push` as it completes.
+/// Every attack scenario of `cfg.groups` on every transport it applies
+/// to, each row handed to `push` as it completes.
 fn attacks(cfg: &Config, push: &mut dyn FnMut(ScenarioResult)) -> Result<(), TortureError> {
-    let mut agent = agent::AgentUnderTest::start(&cfg.exe, &cfg.digits, &[])?;
-    for t in &cfg.transports {
-        let t = t.as_str();
-        if t != "shm" {
-            push(scenarios::hostile_bytes(&mut agent, cfg, t, cfg.messages)?);
-            push(scenarios::slowloris(&mut agent, cfg, t)?);
-            push(scenarios::idle(&mut agent, cfg, t)?);
-            push(scenarios::churn(&mut agent, cfg, t)?);
+    let on = |g: Group| cfg.groups.contains(&g);
+    if on(Group::Sockets) || on(Group::Shm) || on(Group::Listeners) {
+        let mut agent = agent::AgentUnderTest::start(&cfg.exe, &cfg.digits, &[])?;
+        for t in &cfg.transports {
+            let t = t.as_str();
+            let group = if t == "shm" {
+                Group::Shm
+            } else {
+                Group::Sockets
+            };
+            if !on(group) {
+                continue;
+            }
+            if t == "shm" {
+                push(scenarios::shm_hostile(&mut agent, cfg)?);
+                shm_rings::attack(&mut agent, cfg, push)?;
+            } else {
+                push(scenarios::hostile_bytes(&mut agent, cfg, t, cfg.messages)?);
+                push(scenarios::slowloris(&mut agent, cfg, t)?);
+                push(scenarios::idle(&mut agent, cfg, t)?);
+                push(scenarios::churn(&mut agent, cfg, t)?);
+            }
+            push(scenarios::client_kills(
+                &mut agent,
+                cfg,
+                &cfg.exe.clone(),
+                t,
+            )?);
         }
-        if t == "shm" {
-            push(scenarios::shm_hostile(&mut agent, cfg)?);
-            shm_rings::attack(&mut agent, cfg, push)?;
+        if on(Group::Listeners) {
+            listeners::attack(&mut agent, cfg, push)?;
         }
-        push(scenarios::client_kills(
-            &mut agent,
-            cfg,
-            &cfg.exe.clone(),
-            t,
-        )?);
     }
-    listeners::attack(&mut agent, cfg, push)?;
-    drop(agent);
-    for t in cfg.transports.iter().filter(|t| *t != "shm") {
-        push(scenarios::payload_budget(cfg, t)?);
+    if on(Group::Budget) {
+        for t in cfg.transports.iter().filter(|t| *t != "shm") {
+            push(scenarios::payload_budget(cfg, t)?);
+        }
+        for r in budget::real_bytes_rows(cfg)? {
+            push(r);
+        }
     }
-    for r in budget::real_bytes_rows(cfg)? {
-        push(r);
+    if on(Group::Kills) {
+        for r in kills::kill_stages(cfg)? {
+            push(r);
+        }
     }
-    for r in kills::kill_stages(cfg)? {
-        push(r);
-    }
-    for r in scenarios::agent_faults(cfg)? {
-        push(r);
+    if on(Group::Faults) {
+        for r in scenarios::agent_faults(cfg)? {
+            push(r);
+        }
     }
     Ok(())
 }

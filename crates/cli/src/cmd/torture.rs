@@ -37,8 +37,12 @@ pub struct Args {
     /// Seconds of the soak (default: 20 quick, 3600 full; 0 skips it).
     #[arg(long, value_name = "SECS")]
     soak_secs: Option<u64>,
-    /// Run only the soak, none of the attacks.
-    #[arg(long)]
+    /// Run only these groups of scenarios, comma-separated: sockets, shm,
+    /// listeners, budget, kills, faults, soak (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = parse_group, value_name = "GROUPS")]
+    only: Vec<torture::Group>,
+    /// Run only the soak, none of the attacks (`--only soak`).
+    #[arg(long, conflicts_with = "only")]
     soak_only: bool,
     /// Leave the tweet classifier out of the soak's mix (it is in when
     /// models/build/tweet_classifier.onnx and its tokenizer exist).
@@ -51,6 +55,11 @@ pub struct Args {
     /// models/build/digits_mlp.onnx).
     #[arg(long, value_name = "PATH")]
     digits: Option<PathBuf>,
+}
+
+/// One `--only` group, named as the help says.
+fn parse_group(s: &str) -> Result<torture::Group, String> {
+    s.parse()
 }
 
 /// Runs `torture`.
@@ -102,9 +111,13 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         }
         cfg.soak = std::time::Duration::from_secs(s);
     }
-    cfg.soak_only = a.soak_only;
-    if a.soak_only && cfg.soak.is_zero() {
-        return Err("--soak-only with --soak-secs 0 runs nothing".into());
+    if a.soak_only {
+        cfg.groups = vec![torture::Group::Soak];
+    } else if !a.only.is_empty() {
+        cfg.groups = a.only;
+    }
+    if cfg.groups == [torture::Group::Soak] && cfg.soak.is_zero() {
+        return Err("only the soak, with --soak-secs 0, runs nothing".into());
     }
     if !a.no_classifier {
         let files = torture::soak::ClassifierFiles {
