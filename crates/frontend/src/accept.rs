@@ -11,7 +11,7 @@
 //! (`handshake_timeout_ms`, 3 s by default) to send its first byte and, on
 //! a TLS door, to finish the TLS handshake; a connection that has not is
 //! closed (and counted as a handshake timeout). Only then is it handed to
-//! the door's server (axum or tonic). The waiting happens in a task per
+//! the door's server (`serve_http` or tonic). The waiting happens in a task per
 //! connection, never in the accept loop, so a client that connects and
 //! says nothing holds up nobody but itself.
 //!
@@ -44,14 +44,14 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use transport::PeerId;
 
 /// A door's listener: connections admitted and past their first byte (and
-/// TLS handshake) come out of it, as axum's [`axum::serve::Listener`] or as
-/// tonic's incoming stream (module docs).
+/// TLS handshake) come out of it, one by one ([`DoorIncoming::next`], for
+/// [`serve_http`](crate::serve_http)) or as tonic's incoming stream
+/// (module docs).
 ///
 /// Dropping it stops the accepting (and closes the socket) once the accept
 /// task notices, and drops every connection that gets ready afterwards.
 pub(crate) struct DoorIncoming {
     rx: mpsc::Receiver<(DoorConn, SocketAddr)>,
-    local: Result<SocketAddr, io::ErrorKind>,
 }
 
 impl DoorIncoming {
@@ -64,7 +64,6 @@ impl DoorIncoming {
         core: &AgentCore,
         tls: Option<(Arc<ServerConfig>, PlainText)>,
     ) -> DoorIncoming {
-        let local = listener.local_addr().map_err(|e| e.kind());
         let (tx, rx) = mpsc::channel(64);
         let rules = Rules {
             conns: core.conns().clone(),
@@ -72,7 +71,7 @@ impl DoorIncoming {
             tls: tls.map(|(config, plain)| (TlsAcceptor::from(config), plain)),
         };
         tokio::spawn(accept_loop(listener, rules, tx));
-        DoorIncoming { rx, local }
+        DoorIncoming { rx }
     }
 
     /// The ready connections as a stream, for tonic's
@@ -82,20 +81,14 @@ impl DoorIncoming {
     }
 }
 
-impl axum::serve::Listener for DoorIncoming {
-    type Io = DoorConn;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (DoorConn, SocketAddr) {
+impl DoorIncoming {
+    /// The next connection ready for the door's server, and its peer.
+    pub(crate) async fn next(&mut self) -> (DoorConn, SocketAddr) {
         match self.rx.recv().await {
             Some(conn) => conn,
             // The accept task is gone (it only ends when this is dropped).
             None => std::future::pending().await,
         }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.local.map_err(io::Error::from)
     }
 }
 
@@ -397,6 +390,83 @@ mod tests {
             );
         }
         assert!(agent.stats().handshake_timeouts >= 2, "{:?}", agent.stats());
+        doors.shutdown_with(agent, Duration::from_secs(1));
+    }
+
+    /// A client that starts a request and trickles its head byte by byte
+    /// is closed once the head has taken `stall_timeout`; an idle
+    /// keep-alive connection too; others are served meanwhile.
+    #[test]
+    fn a_trickled_request_head_is_cut_at_the_stall_timeout() {
+        let stall = Duration::from_millis(600);
+        let cfg = AgentConfig {
+            stall_timeout: stall,
+            ..AgentConfig::default()
+        };
+        let agent = Agent::with_registry(cfg, ModelRegistry::with_identity()).expect("agent");
+        let doors = FrontDoors::start(
+            agent.core().clone(),
+            DoorsConfig {
+                http: vec!["http://127.0.0.1:0".into()],
+                metrics: Some("http://127.0.0.1:0".into()),
+                ..DoorsConfig::default()
+            },
+        )
+        .expect("doors");
+        let metrics = doors.metrics_uri().expect("the metrics listener");
+        for uri in doors.uris().into_iter().chain([metrics]) {
+            let mut slow = TcpStream::connect(addr(uri)).expect("connect");
+            slow.set_read_timeout(Some(Duration::from_millis(100)))
+                .expect("timeout");
+            let t = Instant::now();
+            let head = format!("GET /metrics HTTP/1.1\r\nHost: {}\r\nX-Slow: ", addr(uri));
+            let mut sent = 0;
+            let mut b = [0u8; 512];
+            // One byte every 100 ms, for at most 5 s: an unbounded door
+            // would keep the connection all that time.
+            let cut = loop {
+                if t.elapsed() > Duration::from_secs(5) {
+                    break None;
+                }
+                let byte = head.as_bytes().get(sent).copied().unwrap_or(b'x');
+                if slow.write_all(&[byte]).is_err() {
+                    break Some(t.elapsed());
+                }
+                sent += 1;
+                match slow.read(&mut b) {
+                    Ok(0) => break Some(t.elapsed()),
+                    Ok(n) => {
+                        // hyper may say 408 before it closes.
+                        let said = String::from_utf8_lossy(&b[..n]).to_string();
+                        assert!(said.starts_with("HTTP/1.1 408"), "{uri}: {said}");
+                    }
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(_) => break Some(t.elapsed()),
+                }
+            };
+            let cut = cut.unwrap_or_else(|| panic!("{uri} kept a trickled head for 5 s"));
+            assert!(
+                cut >= stall - Duration::from_millis(100) && cut < Duration::from_secs(3),
+                "{uri}: cut after {cut:?}"
+            );
+            // A well-behaved request on a fresh connection is served, and
+            // that connection, left idle, is closed after the same time.
+            let mut ok = TcpStream::connect(addr(uri)).expect("connect");
+            ok.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            write!(ok, "GET /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", addr(uri)).expect("write");
+            let n = ok.read(&mut b).expect("read");
+            let said = String::from_utf8_lossy(&b[..n]).to_string();
+            assert!(said.starts_with("HTTP/1.1 "), "{uri}: {said}");
+            let mut rest = Vec::new();
+            let idle = Instant::now();
+            let _ = ok.read_to_end(&mut rest);
+            assert!(
+                idle.elapsed() < Duration::from_secs(4),
+                "{uri}: an idle keep-alive connection stayed open {:?}",
+                idle.elapsed()
+            );
+        }
         doors.shutdown_with(agent, Duration::from_secs(1));
     }
 

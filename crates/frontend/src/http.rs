@@ -17,6 +17,7 @@ use crate::proto::model_config::SchedulingChoice;
 use crate::proto::model_infer_request::InferInputTensor;
 use crate::proto::InferParameter;
 use crate::proto::{DataType, ModelConfig};
+use crate::serve_http::serve_http;
 use crate::server::{parse_host_port, FrontendError, Running};
 use crate::service::EXTENSIONS;
 use crate::service::{
@@ -110,6 +111,7 @@ impl HttpFrontend {
             shared: shared.clone(),
         };
         let core = app.door.core.clone();
+        let head_timeout = core.stall_timeout();
         let router = router(app);
         let stop = |stopped: tokio::sync::oneshot::Receiver<()>| async move {
             let _ = stopped.await;
@@ -125,9 +127,7 @@ impl HttpFrontend {
             |listener, stopped| async move {
                 let incoming =
                     DoorIncoming::start(listener, &core, tls.map(|c| (c, PlainText::HttpError)));
-                let _ = axum::serve(incoming, router)
-                    .with_graceful_shutdown(stop(stopped))
-                    .await;
+                serve_http(incoming, router, head_timeout, stop(stopped)).await;
             },
         )
         .map(HttpFrontend)

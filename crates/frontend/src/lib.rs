@@ -61,6 +61,7 @@ mod metrics;
 pub mod model_config;
 mod model_control;
 pub mod repository;
+mod serve_http;
 mod server;
 mod service;
 mod statistics;

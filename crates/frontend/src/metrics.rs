@@ -689,11 +689,11 @@ impl MetricsListener {
             // Admitted and deadlined as the KServe doors' connections are.
             |listener, stopped| async move {
                 let incoming = crate::accept::DoorIncoming::start(listener, &core, None);
-                let _ = axum::serve(incoming, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.await;
-                    })
-                    .await;
+                let head_timeout = core.stall_timeout();
+                crate::serve_http::serve_http(incoming, router, head_timeout, async move {
+                    let _ = stopped.await;
+                })
+                .await;
             },
         )
         .map(MetricsListener)

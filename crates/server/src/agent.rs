@@ -175,7 +175,8 @@ impl Agent {
                     cfg.max_connections,
                     cfg.max_connections_per_peer,
                     cfg.handshake_timeout,
-                ),
+                )
+                .with_stall_timeout(cfg.stall_timeout),
         );
         // One table for every connection, the front doors' too
         // (`AgentCore::conns`).

@@ -292,6 +292,8 @@ pub struct AgentCore {
     conns: Arc<ConnTable>,
     /// How long a new connection has to start its handshake.
     handshake_timeout: Duration,
+    /// How long a peer may stay silent in the middle of a message.
+    stall_timeout: Duration,
 }
 
 impl AgentCore {
@@ -320,6 +322,7 @@ impl AgentCore {
                 defaults.max_connections_per_peer,
             )),
             handshake_timeout: defaults.handshake_timeout,
+            stall_timeout: defaults.stall_timeout,
         }
     }
 
@@ -336,6 +339,20 @@ impl AgentCore {
         self.conns = Arc::new(ConnTable::new(max, max_per_peer.min(max)));
         self.handshake_timeout = handshake_timeout;
         self
+    }
+
+    /// This core, dropping a peer silent for `stall_timeout` in the middle
+    /// of a message (`[limits] stall_timeout_ms`; a core made with
+    /// [`AgentCore::new`] has its default, 30 s).
+    pub fn with_stall_timeout(mut self, stall_timeout: Duration) -> AgentCore {
+        self.stall_timeout = stall_timeout;
+        self
+    }
+
+    /// How long a peer may stay silent in the middle of a message: the
+    /// KServe HTTP doors give a request's head this long to arrive.
+    pub fn stall_timeout(&self) -> Duration {
+        self.stall_timeout
     }
 
     /// Every open connection of the agent: listeners its owner runs
