@@ -6,7 +6,15 @@
 //! `shm://`, `unix://` and `tcp://`. The logits they print must match
 //! `models/build/digits_mlp_expected.bin`.
 //!
-//! Without a C compiler the tests say so on stderr and skip.
+//! The header's examples too: every function, type and constant in
+//! `tensorwire.h` must have an `Example:` block in its doc comment (written
+//! in `crates/capi/src`, copied by cbindgen); they are compiled into one
+//! program (each example a function, `#line` pointing into the header) and
+//! run against the digits agent over `shm://`, and each must print exactly
+//! the `// prints:` lines it shows. A failure names the item.
+//!
+//! Without a C compiler the tests say so on stderr and skip (the examples'
+//! presence is still checked).
 
 use common::{built, digits_expected, digits_model, repo_root, shm_dir, within};
 use server::{Agent, AgentConfig, ModelConfig};
@@ -364,5 +372,272 @@ fn the_c_error_paths_report_their_codes() {
                 assert!(stdout.contains(line), "missing `{line}`\n{ctx}");
             }
         }
+    });
+}
+
+/// One item of the header (a function, type or constant) and the example
+/// in its doc comment.
+struct HeaderItem {
+    /// The C name (`tw_infer`, `tw_tensor`, `TW_DTYPE_F32`, ...).
+    name: String,
+    /// The example's code lines, without the comment's ` * `, and the
+    /// header line number of the first one; `None` when its comment has no
+    /// `Example:` block.
+    example: Option<(usize, Vec<String>)>,
+}
+
+/// The C name a top-level header line declares, if it declares one: a
+/// `#define`, a `typedef` (of an enum, a struct, an opaque struct or an
+/// integer) or a function prototype. The include guard is not an item.
+fn declared_name(line: &str) -> Option<String> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    if let Some(rest) = line.strip_prefix("#define ") {
+        let name = ident(rest);
+        return (name != "TENSORWIRE_H").then_some(name);
+    }
+    if let Some(rest) = line.strip_prefix("typedef ") {
+        // `typedef enum NAME {`, `typedef struct NAME {`, or
+        // `typedef ... NAME;`.
+        if let Some(open) = rest.strip_suffix(" {") {
+            return open.rsplit(' ').next().map(ident);
+        }
+        return rest
+            .strip_suffix(';')
+            .and_then(|d| d.rsplit(' ').next())
+            .map(ident);
+    }
+    let (head, _) = line.split_once('(')?;
+    let name = ident(head.rsplit([' ', '*']).next()?);
+    name.starts_with("tw_").then_some(name)
+}
+
+/// Every item the header declares, in order, with its example: the
+/// ```` ```c ```` block after a ` * Example:` line of the `/** ... */`
+/// comment just above it.
+fn header_items(header: &str) -> Vec<HeaderItem> {
+    let lines: Vec<&str> = header.lines().collect();
+    let mut items = Vec::new();
+    let mut example: Option<(usize, Vec<String>)> = None;
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if line == "/**" {
+            // A top-level doc comment: find its example, if any.
+            example = None;
+            i += 1;
+            while i < lines.len() && lines[i] != " */" {
+                if lines[i] == " * Example:" && lines.get(i + 1) == Some(&" * ```c") {
+                    let first = i + 3; // 1-based number of the first code line
+                    let mut code = Vec::new();
+                    i += 2;
+                    while i < lines.len() && lines[i] != " * ```" {
+                        let text = lines[i];
+                        let text = text
+                            .strip_prefix(" * ")
+                            .or_else(|| text.strip_prefix(" *"))
+                            .unwrap_or_else(|| panic!("header line {}: {text:?}", i + 1));
+                        code.push(text.to_string());
+                        i += 1;
+                    }
+                    example = Some((first, code));
+                }
+                i += 1;
+            }
+        } else if line.trim().is_empty() || line.starts_with(' ') {
+            // Blank, or inside the header's opening comment, an enum, a
+            // struct or a prototype's later lines.
+        } else if let Some(name) = declared_name(line) {
+            items.push(HeaderItem {
+                name,
+                example: example.take(),
+            });
+        } else {
+            // Any other top-level line (includes, `extern "C"`, the end
+            // of an enum or struct) separates a comment from what follows.
+            example = None;
+        }
+        i += 1;
+    }
+    items
+}
+
+/// The lines an example says it prints (`// prints: TEXT`), in order.
+fn expected_prints(code: &[String]) -> Vec<String> {
+    code.iter()
+        .filter_map(|l| l.trim_start().strip_prefix("// prints: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// One C program running every example in header order, each in its own
+/// function under `#line` directives pointing into the header (so a
+/// compiler error or a failed `assert` names the header line), between
+/// `==> NAME` and `<== NAME` lines on stdout.
+fn examples_program(header: &Path, items: &[HeaderItem]) -> String {
+    let mut c = String::from(
+        "// Generated by tests/capi.rs from the examples in tensorwire.h.\n\
+         #include \"tensorwire.h\"\n\n\
+         #undef NDEBUG\n\
+         #include <assert.h>\n\
+         #include <inttypes.h>\n\
+         #include <stdio.h>\n\
+         #include <string.h>\n\n",
+    );
+    let mut calls = String::new();
+    for (n, item) in items.iter().enumerate() {
+        let Some((first, code)) = &item.example else {
+            continue;
+        };
+        c.push_str(&format!(
+            "static void example_{n}(const char *uri, tw_client *client) {{\n    \
+             (void)uri;\n    (void)client;\n#line {first} \"{}\"\n",
+            header.display()
+        ));
+        for l in code {
+            c.push_str(l);
+            c.push('\n');
+        }
+        c.push_str("}\n\n");
+        let name = &item.name;
+        calls.push_str(&format!(
+            "    printf(\"==> {name}\\n\");\n    fflush(stdout);\n    example_{n}(uri, client);\n    \
+             printf(\"<== {name}\\n\");\n    fflush(stdout);\n"
+        ));
+    }
+    c.push_str(
+        "int main(int argc, char **argv) {\n    \
+         if (argc != 2) {\n        fprintf(stderr, \"usage: %s URI\\n\", argv[0]);\n        return 2;\n    }\n    \
+         const char *uri = argv[1];\n    \
+         tw_client *client = NULL;\n    \
+         if (tw_connect(uri, 30.0, &client) != TW_OK) {\n        \
+         fprintf(stderr, \"tw_connect %s: %s\\n\", uri, tw_last_error());\n        return 3;\n    }\n",
+    );
+    c.push_str(&calls);
+    c.push_str(
+        "    tw_client_close(client);\n    printf(\"all examples ran\\n\");\n    return 0;\n}\n",
+    );
+    c
+}
+
+/// The items whose example holds header line `line`.
+fn items_at_line(items: &[HeaderItem], line: usize) -> Vec<&str> {
+    items
+        .iter()
+        .filter(|it| {
+            it.example
+                .as_ref()
+                .is_some_and(|(first, code)| (*first..first + code.len()).contains(&line))
+        })
+        .map(|it| it.name.as_str())
+        .collect()
+}
+
+#[test]
+fn every_header_item_has_an_example_that_runs() {
+    within(LIMIT, "the header's examples", || {
+        let header = repo_root().join("crates/capi/include/tensorwire.h");
+        let text = std::fs::read_to_string(&header)
+            .unwrap_or_else(|e| panic!("{}: {e}", header.display()));
+        let items = header_items(&text);
+        // The header's functions, types and constants, as cbindgen writes
+        // them: a change in its layout must not make items vanish here.
+        for name in [
+            "tw_infer",
+            "tw_tensor",
+            "tw_status",
+            "tw_client",
+            "TW_MAX_DIMS",
+        ] {
+            assert!(
+                items.iter().any(|it| it.name == name),
+                "no item {name} found in the header: did its layout change?"
+            );
+        }
+        let missing: Vec<&str> = items
+            .iter()
+            .filter(|it| it.example.is_none())
+            .map(|it| it.name.as_str())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "header items without an `Example:` ```c block in their doc comment: {missing:?}"
+        );
+        let Some(cc) = c_compiler() else {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: no C compiler: the header's examples were checked for presence, not run"
+            );
+            return;
+        };
+        let lib_dir = build_library().unwrap_or_else(|e| panic!("{e}"));
+        let out = lib_dir.join("capi-c");
+        std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+        let src = out.join("header_examples.c");
+        std::fs::write(&src, examples_program(&header, &items))
+            .unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+        let exe = compile(&cc, &src, &out, &lib_dir).unwrap_or_else(|e| {
+            // Name the items whose examples the errors point into.
+            let header_name = header.display().to_string();
+            let mut names: Vec<&str> = e
+                .lines()
+                .filter_map(|l| l.strip_prefix(header_name.as_str()))
+                .filter_map(|l| l.strip_prefix(':')?.split(':').next()?.parse().ok())
+                .flat_map(|line| items_at_line(&items, line))
+                .collect();
+            names.dedup();
+            panic!("the examples of {names:?} do not compile:\n{e}")
+        });
+        let agent = DigitsAgent::start();
+        let (_, uri) = agent
+            .uris
+            .iter()
+            .find(|(t, _)| *t == "shm")
+            .expect("an shm:// endpoint");
+        let (code, stdout, stderr) = run(&exe, &[uri]);
+        let printed: Vec<&str> = stdout.lines().collect();
+        let mut at = 0;
+        for item in &items {
+            let Some((first, code_lines)) = &item.example else {
+                continue;
+            };
+            let name = &item.name;
+            let ctx = || {
+                format!(
+                    "the example of {name} (tensorwire.h line {first}):\n{}\nstdout:\n{stdout}\n\
+                     stderr:\n{stderr}",
+                    code_lines.join("\n")
+                )
+            };
+            let start = format!("==> {name}");
+            assert_eq!(printed.get(at), Some(&start.as_str()), "{}", ctx());
+            let end = format!("<== {name}");
+            let Some(len) = printed[at + 1..].iter().position(|l| *l == end) else {
+                panic!(
+                    "the example of {name} did not finish (exit {code:?}): {}",
+                    ctx()
+                );
+            };
+            let section = &printed[at + 1..at + 1 + len];
+            let expected = expected_prints(code_lines);
+            let same = expected.len() == section.len()
+                && expected.iter().zip(section).all(|(e, g)| g.trim_end() == e);
+            assert!(
+                same,
+                "the example of {name} printed\n{section:#?}\nwhere its `// prints:` lines \
+                 say\n{expected:#?}\n{}",
+                ctx()
+            );
+            at += len + 2;
+        }
+        assert_eq!(
+            printed.get(at),
+            Some(&"all examples ran"),
+            "{stdout}{stderr}"
+        );
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
     });
 }

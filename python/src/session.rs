@@ -213,7 +213,7 @@ impl Client {
         self.transport
     }
 
-    /// Whether [`close`](Client::close) was called.
+    /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {
         self.shared.closed.load(Ordering::Relaxed)
@@ -621,7 +621,7 @@ impl Model {
     }
 
     /// Sends a request without waiting for it (`priority`, `queue_timeout`:
-    /// as for [`infer`](Model::infer)).
+    /// as for `infer`).
     #[pyo3(signature = (inputs, *, priority = None, queue_timeout = None))]
     fn submit<'py>(
         &self,

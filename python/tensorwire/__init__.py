@@ -17,6 +17,34 @@ it is garbage-collected, or ``out.release()`` frees it at once. Elsewhere
 they are ordinary read-only arrays over the response buffer.
 
 Every failure raises a subclass of :class:`TensorwireError`.
+
+Every public name has an ``Examples`` section. Each starts its own
+:class:`Agent` in this process and runs from the repository's root (where
+``models/build`` holds the models ``scripts/setup.sh`` builds);
+``python/tests/test_doc_examples.py`` runs them all.
+
+Examples
+--------
+An agent serving the digits classifier, and a client calling it over
+shared memory:
+
+>>> import numpy as np, tensorwire as tw
+>>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+...                  listen=["shm://doc-module"])
+>>> c = tw.connect("shm://doc-module")
+>>> digits = c.model("digits")
+>>> images = np.fromfile("models/build/digits_mlp_input.bin", np.float32).reshape(4, 64)
+>>> out = digits.infer({"x": images})
+>>> out["logits"].shape, out["logits"].argmax(axis=1)
+((4, 10), array([8, 5, 9, 6]))
+>>> buf = c.empty((4, 64), np.float32)  # in the session's arena
+>>> buf[:] = images
+>>> same = digits.infer({"x": buf})      # sent where it lies
+>>> bool((same["logits"] == out["logits"]).all()), c.copy_stats()["input_bytes_copied"]
+(True, 1024)
+>>> c.close()
+>>> agent.stop()
+0
 """
 
 from __future__ import annotations
@@ -108,7 +136,22 @@ _WIRE_NAMES = frozenset(_native.DTYPES) - {"bfloat16"}
 
 
 class TensorInfo(NamedTuple):
-    """One input or output of a model: name, dtype, dims (None = any size)."""
+    """One input or output of a model: name, dtype, dims (None = any size).
+
+    Examples
+    --------
+    >>> import tensorwire as tw
+    >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+    ...                  listen=["inproc://doc-tensorinfo"])
+    >>> c = tw.connect("inproc://doc-tensorinfo")
+    >>> x = c.model("digits").inputs[0]
+    >>> x
+    TensorInfo(name='x', dtype=dtype('float32'), shape=(None, 64))
+    >>> x.name, x.dtype.itemsize, x.shape[1]
+    ('x', 4, 64)
+    >>> agent.stop()
+    0
+    """
 
     name: str
     dtype: np.dtype
@@ -116,7 +159,22 @@ class TensorInfo(NamedTuple):
 
 
 class ModelInfo(NamedTuple):
-    """A model's name and signature."""
+    """A model's name and signature (:meth:`Client.models`); ``identity``
+    declares no tensors: it takes any and returns them.
+
+    Examples
+    --------
+    >>> import tensorwire as tw
+    >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+    ...                  listen=["inproc://doc-modelinfo"])
+    >>> c = tw.connect("inproc://doc-modelinfo")
+    >>> for info in c.models():
+    ...     print(info.name, [i.name for i in info.inputs], [o.name for o in info.outputs])
+    identity [] []
+    digits ['x'] ['logits']
+    >>> agent.stop()
+    0
+    """
 
     name: str
     inputs: List[TensorInfo]
@@ -136,29 +194,111 @@ class Outputs(Dict[str, np.ndarray]):
     views of them) are referenced elsewhere stay valid, and are freed when
     those go. After ``release()``, reading an output from this dict raises
     :class:`ReleasedError`.
+
+    Examples
+    --------
+    >>> import numpy as np, tensorwire as tw
+    >>> agent = tw.Agent(listen=["shm://doc-outputs"])
+    >>> c = tw.connect("shm://doc-outputs")
+    >>> out = c.model("identity").infer({"a": np.arange(3, dtype=np.int64)})
+    >>> out
+    {'a': array([0, 1, 2], dtype=int64)}
+    >>> out["a"].flags.writeable, out["a"].base.in_arena  # read-only, in the arena
+    (False, True)
+    >>> out.release()
+    []
+    >>> c.close()
+    >>> agent.stop()
+    0
     """
 
     _released = False  # set on the instance by release()
 
     def __getitem__(self, name: str) -> np.ndarray:
+        """The output called ``name`` (``KeyError`` if there is none;
+        :class:`ReleasedError` after :meth:`release`).
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-outputs-getitem"])
+        >>> c = tw.connect("inproc://doc-outputs-getitem")
+        >>> out = c.model("identity").infer({"a": np.float32(1.5)})
+        >>> out["a"]
+        array(1.5, dtype=float32)
+        >>> agent.stop()
+        0
+        """
         if self._released:
             raise ReleasedError(f"output {name!r} was released (out.release())")
         return dict.__getitem__(self, name)
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """The output called ``name``, or ``default`` if there is none
+        (:class:`ReleasedError` after :meth:`release`).
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-outputs-get"])
+        >>> c = tw.connect("inproc://doc-outputs-get")
+        >>> out = c.model("identity").infer({"a": np.ones(2, np.uint8)})
+        >>> out.get("a"), out.get("b")
+        (array([1, 1], dtype=uint8), None)
+        >>> agent.stop()
+        0
+        """
         if self._released:
             raise ReleasedError(f"output {name!r} was released (out.release())")
         return dict.get(self, name, default)
 
     @property
     def released(self) -> bool:
-        """Whether release() was called."""
+        """Whether release() was called.
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-outputs-released"])
+        >>> c = tw.connect("inproc://doc-outputs-released")
+        >>> out = c.model("identity").infer({"a": np.zeros(4)})
+        >>> out.released
+        False
+        >>> _ = out.release()
+        >>> out.released
+        True
+        >>> agent.stop()
+        0
+        """
         return self._released
 
     def release(self) -> List[str]:
         """Drops this dict's outputs, freeing those no other array refers
         to; returns the names of those still referenced elsewhere (freed
-        when their arrays go)."""
+        when their arrays go).
+
+        Examples
+        --------
+        Over shm this gives the agent its arena blocks back at once:
+
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["shm://doc-outputs-release"])
+        >>> c = tw.connect("shm://doc-outputs-release")
+        >>> out = c.model("identity").infer({"a": np.zeros(4), "b": np.ones(4)})
+        >>> kept = out["b"]          # still read elsewhere: stays valid
+        >>> out.release()
+        ['b']
+        >>> kept
+        array([1., 1., 1., 1.])
+        >>> try:
+        ...     out["a"]
+        ... except tw.ReleasedError as e:
+        ...     print(e)
+        output 'a' was released (out.release())
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         if self._released:
             return []
         # Each output's memory belongs to the array's base (a Block), which
@@ -174,7 +314,26 @@ class Outputs(Dict[str, np.ndarray]):
 
 
 class CancelledError(TensorwireError):
-    """The request was cancelled (:meth:`Future.cancel`)."""
+    """The request was cancelled (:meth:`Future.cancel`).
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np, tensorwire as tw
+    >>> sock = tempfile.mkdtemp() + "/agent.sock"
+    >>> agent = tw.Agent(listen=[f"unix://{sock}"])
+    >>> c = tw.connect(f"unix://{sock}")
+    >>> fut = c.model("identity").submit({"a": np.zeros(8)})
+    >>> fut.cancel()
+    True
+    >>> try:
+    ...     fut.result()
+    ... except tw.CancelledError as e:
+    ...     print(type(e).__name__, isinstance(e, tw.TensorwireError))
+    CancelledError True
+    >>> c.close()
+    >>> agent.stop()
+    0
+    """
 
 
 class Future:
@@ -184,6 +343,21 @@ class Future:
     Unlike ``concurrent.futures.Future``, a request whose wait times out is
     given up (its response is discarded when it comes): :meth:`result` then
     raises :class:`Timeout`, now and on every later call.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np, tensorwire as tw
+    >>> sock = tempfile.mkdtemp() + "/agent.sock"
+    >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+    ...                  listen=[f"unix://{sock}"])
+    >>> c = tw.connect(f"unix://{sock}")
+    >>> digits = c.model("digits")
+    >>> futures = [digits.submit({"x": np.zeros((n, 64), np.float32)}) for n in (1, 2, 3)]
+    >>> [f.result(timeout=10.0)["logits"].shape for f in futures]
+    [(1, 10), (2, 10), (3, 10)]
+    >>> c.close()
+    >>> agent.stop()
+    0
     """
 
     __slots__ = ("_pending", "_lock", "_outputs", "_error")
@@ -196,16 +370,67 @@ class Future:
 
     @property
     def id(self) -> int:
-        """The request id."""
+        """The request id.
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-future-id"])
+        >>> c = tw.connect("inproc://doc-future-id")
+        >>> a, b = (c.model("identity").submit({"a": np.zeros(1)}) for _ in range(2))
+        >>> a.id != b.id
+        True
+        >>> agent.stop()
+        0
+        """
         return self._pending.id
 
     def done(self) -> bool:
-        """Whether the outcome (outputs, error or cancellation) is known."""
+        """Whether the outcome (outputs, error or cancellation) is known:
+        after :meth:`result` returned or raised, or :meth:`cancel`.
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-future-done"])
+        >>> c = tw.connect("inproc://doc-future-done")
+        >>> fut = c.model("identity").submit({"a": np.zeros(1)})
+        >>> _ = fut.result()
+        >>> fut.done()
+        True
+        >>> agent.stop()
+        0
+        """
         return self._outputs is not None or self._error is not None
 
     def result(self, timeout: Optional[float] = None) -> Outputs:
         """Waits at most ``timeout`` seconds (default: the client's) and
-        returns the outputs, or raises the request's error."""
+        returns the outputs, or raises the request's error. Any thread may
+        call it, any number of times: the outcome is kept.
+
+        Examples
+        --------
+        >>> import tempfile, numpy as np, tensorwire as tw
+        >>> sock = tempfile.mkdtemp() + "/agent.sock"
+        >>> agent = tw.Agent(models={"slow_echo": "models/build/slow_echo.onnx"},
+        ...                  listen=[f"unix://{sock}"], intra_threads=1)
+        >>> c = tw.connect(f"unix://{sock}")
+        >>> fut = c.model("identity").submit({"a": np.arange(4, dtype=np.int32)})
+        >>> fut.result(timeout=5.0)
+        {'a': array([0, 1, 2, 3], dtype=int32)}
+
+        slow_echo computes for 100-300 ms; a shorter wait gives it up:
+
+        >>> fut = c.model("slow_echo").submit({"x": np.ones(4, np.float32)})
+        >>> try:
+        ...     fut.result(timeout=0.02)
+        ... except tw.Timeout as e:
+        ...     print(e)
+        timed out after 20ms waiting for the agent
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         with self._lock:
             if self._outputs is None and self._error is None:
                 try:
@@ -220,7 +445,26 @@ class Future:
     def cancel(self) -> bool:
         """Gives the request up (its response is discarded when it comes);
         :meth:`result` raises :class:`CancelledError` from now on. Returns
-        False if the outcome was already known."""
+        False if the outcome was already known.
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-future-cancel"])
+        >>> c = tw.connect("inproc://doc-future-cancel")
+        >>> fut = c.model("identity").submit({"a": np.zeros(1)})
+        >>> fut.cancel(), fut.cancel()
+        (True, False)
+        >>> try:
+        ...     fut.result()
+        ... except tw.CancelledError as e:
+        ...     print(e)
+        request 3 was cancelled
+        >>> fut.id
+        3
+        >>> agent.stop()
+        0
+        """
         with self._lock:
             if self.done():
                 return False
@@ -234,9 +478,31 @@ Inputs = Union[Mapping[str, Any], Sequence[Any]]
 
 class Model:
     """A model on a client (:meth:`Client.model`): call it with a dict of
-    input name -> array (or a sequence in signature order)."""
+    input name -> array (or a sequence in signature order).
 
-    __slots__ = ("_m", "name", "inputs", "outputs")
+    Examples
+    --------
+    >>> import numpy as np, tensorwire as tw
+    >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+    ...                  listen=["inproc://doc-model"])
+    >>> c = tw.connect("inproc://doc-model")
+    >>> digits = c.model("digits")
+    >>> digits
+    Model('digits', inputs=[TensorInfo(name='x', dtype=dtype('float32'), shape=(None, 64))], outputs=[TensorInfo(name='logits', dtype=dtype('float32'), shape=(None, 10))])
+    >>> digits.name, [i.name for i in digits.inputs], [o.name for o in digits.outputs]
+    ('digits', ['x'], ['logits'])
+    >>> digits.infer([np.zeros((2, 64), np.float32)])["logits"].shape  # a sequence: signature order
+    (2, 10)
+    >>> agent.stop()
+    0
+    """
+
+    __slots__ = {
+        "_m": "The native model handle.",
+        "name": "The model's name.",
+        "inputs": "Its inputs (:class:`TensorInfo`), in the order requests carry them.",
+        "outputs": "Its outputs (:class:`TensorInfo`), in the order responses carry them.",
+    }
 
     def __init__(self, native: "_native.Model") -> None:
         self._m = native
@@ -280,7 +546,28 @@ class Model:
         :class:`Timeout`. A negative, infinite or NaN value raises
         ``ValueError``. ``timeout`` (the wait for the answer) should be
         longer. A model whose queue is full (``max_queue``) refuses the
-        request at once: :class:`Overloaded`."""
+        request at once: :class:`Overloaded`.
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+        ...                  listen=["inproc://doc-model-infer"])
+        >>> c = tw.connect("inproc://doc-model-infer")
+        >>> digits = c.model("digits")
+        >>> images = np.fromfile("models/build/digits_mlp_input.bin", np.float32).reshape(4, 64)
+        >>> out = digits.infer({"x": images}, timeout=10.0)
+        >>> out["logits"].argmax(axis=1)
+        array([8, 5, 9, 6])
+        >>> out = digits.infer({"x": images}, priority=1, queue_timeout=0.5)
+        >>> try:
+        ...     digits.infer({"x": images[:, :63]})
+        ... except tw.InvalidInput as e:
+        ...     print(e)
+        digits: input "x" has shape [4, 63], the model takes (?, 64)
+        >>> agent.stop()
+        0
+        """
         return self._m.infer(inputs, timeout, priority=priority, queue_timeout=queue_timeout)
 
     def submit(
@@ -296,7 +583,24 @@ class Model:
         which are read in place until the response has come. ``priority``
         and ``queue_timeout``: as for :meth:`infer` (a bad value raises
         ``ValueError`` here; the agent's refusals come from
-        :meth:`Future.result`)."""
+        :meth:`Future.result`).
+
+        Examples
+        --------
+        >>> import tempfile, numpy as np, tensorwire as tw
+        >>> sock = tempfile.mkdtemp() + "/agent.sock"
+        >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+        ...                  listen=[f"unix://{sock}"])
+        >>> c = tw.connect(f"unix://{sock}")
+        >>> digits = c.model("digits")
+        >>> x = np.zeros((1, 64), np.float32)
+        >>> futures = [digits.submit({"x": x}) for _ in range(8)]  # x may be reused at once
+        >>> len({f.id for f in futures}), all(f.result()["logits"].shape == (1, 10) for f in futures)
+        (8, True)
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         return Future(self._m.submit(inputs, priority=priority, queue_timeout=queue_timeout))
 
     async def infer_async(
@@ -309,15 +613,48 @@ class Model:
     ) -> Outputs:
         """:meth:`infer` for asyncio: sends at once, then waits in the loop's
         default executor, so the event loop goes on meanwhile. ``priority``
-        and ``queue_timeout``: as for :meth:`infer`."""
+        and ``queue_timeout``: as for :meth:`infer`.
+
+        Examples
+        --------
+        >>> import asyncio, numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+        ...                  listen=["inproc://doc-model-async"])
+        >>> digits = tw.connect("inproc://doc-model-async").model("digits")
+        >>> async def classify(batches):
+        ...     outs = await asyncio.gather(*(digits.infer_async({"x": b}) for b in batches))
+        ...     return [o["logits"].shape for o in outs]
+        >>> asyncio.run(classify([np.zeros((n, 64), np.float32) for n in (1, 2)]))
+        [(1, 10), (2, 10)]
+        >>> agent.stop()
+        0
+        """
         fut = self.submit(inputs, priority=priority, queue_timeout=queue_timeout)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, fut.result, timeout)
 
 
 class Client:
-    """A connection to an agent; see :func:`connect`. Thread-safe: many
-    threads may share one client and call its models at once."""
+    """A connection to an agent; see :func:`connect` (which takes the
+    token from ``TENSORWIRE_TOKEN`` too). Thread-safe: many threads may
+    share one client and call its models at once. A ``with`` block closes
+    it.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np, tensorwire as tw
+    >>> sock = tempfile.mkdtemp() + "/agent.sock"
+    >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+    ...                  listen=[f"unix://{sock}"])
+    >>> with tw.Client(f"unix://{sock}", timeout=10.0) as c:
+    ...     out = c.model("digits").infer({"x": np.zeros((1, 64), np.float32)})
+    ...     print(c.transport, out["logits"].shape)
+    unix (1, 10)
+    >>> c.closed
+    True
+    >>> agent.stop()
+    0
+    """
 
     __slots__ = ("_c", "__weakref__")
 
@@ -342,28 +679,97 @@ class Client:
 
     @property
     def uri(self) -> str:
-        """The endpoint."""
+        """The endpoint.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["tcp://127.0.0.1:0"])
+        >>> uri = agent.endpoints[0]      # port 0: the agent picked one
+        >>> c = tw.connect(uri)
+        >>> c.uri == uri, c.uri.startswith("tcp://127.0.0.1:")
+        (True, True)
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         return self._c.uri
 
     @property
     def transport(self) -> str:
-        """``shm``, ``unix``, ``tcp`` or ``inproc``."""
+        """``shm``, ``unix``, ``tcp``, ``tls``, ``vsock`` or ``inproc``.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-transport", "shm://doc-transport"])
+        >>> [tw.connect(uri).transport for uri in agent.endpoints]
+        ['inproc', 'shm']
+        >>> agent.stop()
+        0
+        """
         return self._c.transport
 
     def models(self) -> List[ModelInfo]:
-        """The models the agent serves, with their signatures."""
+        """The models the agent serves, with their signatures
+        (:class:`ModelInfo`).
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+        ...                  listen=["inproc://doc-models"])
+        >>> [m.name for m in tw.connect("inproc://doc-models").models()]
+        ['identity', 'digits']
+        >>> agent.stop()
+        0
+        """
         return [ModelInfo(n, _infos(i), _infos(o)) for n, i, o in self._c.models()]
 
     def model(self, name: str) -> Model:
         """A handle on the model called ``name`` (:class:`UnknownModel` if
-        the agent serves none)."""
+        the agent serves none). Look a model up once and call it many
+        times: the name is resolved here, not per request.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+        ...                  listen=["inproc://doc-client-model"])
+        >>> c = tw.connect("inproc://doc-client-model")
+        >>> c.model("digits").name
+        'digits'
+        >>> try:
+        ...     c.model("digitz")
+        ... except tw.UnknownModel as e:
+        ...     print(e)
+        unknown model: no model named 'digitz' (see `tensorwire models`)
+        >>> agent.stop()
+        0
+        """
         return Model(self._c.model(name))
 
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
         """A writable array to fill and send. Over shm it lives in the
         session's arena, so sending it copies nothing; elsewhere it is
         ordinary memory. Its contents are unspecified: overwrite them. Do not
-        write to it while a request that reads it is in flight."""
+        write to it while a request that reads it is in flight.
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+        ...                  listen=["shm://doc-empty"])
+        >>> c = tw.connect("shm://doc-empty")
+        >>> x = c.empty((2, 64), np.float32)
+        >>> x[:] = 0.5
+        >>> out = c.model("digits").infer({"x": x})
+        >>> out["logits"].shape, c.copy_stats()["input_bytes_copied"]  # sent where it lies
+        ((2, 10), 0)
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         dt = np.dtype(dtype)
         wire = _wire_name(dt)
         if wire is None:
@@ -379,25 +785,92 @@ class Client:
     def copy_stats(self) -> Dict[str, int]:
         """Tensor bytes copied so far: by the Rust client (into the arena,
         out of a socket's staging buffer) and by this package (inputs that
-        were not C-contiguous, ``contiguous_copies`` / ``contiguous_bytes``)."""
+        were not C-contiguous, ``contiguous_copies`` / ``contiguous_bytes``).
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["shm://doc-copy-stats"])
+        >>> c = tw.connect("shm://doc-copy-stats")
+        >>> identity = c.model("identity")
+        >>> _ = identity.infer({"a": np.zeros((8, 8))[:, ::2]})  # not contiguous: copied here
+        >>> c.copy_stats()
+        {'input_bytes_copied': 256, 'output_bytes_copied': 0, 'staged_bytes': 0, 'requests': 1, 'contiguous_copies': 1, 'contiguous_bytes': 256}
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         return dict(self._c.copy_stats())
 
     def shm_info(self) -> Optional[Dict[str, int]]:
-        """Over shm: the arena's regions and free bytes; None elsewhere."""
+        """Over shm: the arena's regions and free bytes; None elsewhere.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["shm://doc-shm-info", "inproc://doc-shm-info"])
+        >>> tw.connect("shm://doc-shm-info").shm_info()
+        {'client_len': 268435456, 'agent_len': 67108864, 'client_free': 268435456, 'client_largest_free': 268435456}
+        >>> print(tw.connect("inproc://doc-shm-info").shm_info())
+        None
+        >>> agent.stop()
+        0
+        """
         return self._c.shm_info()
 
     def ping(self) -> float:
-        """One Ping/Pong round trip with the agent; its seconds."""
+        """One Ping/Pong round trip with the agent; its seconds.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["shm://doc-ping"])
+        >>> c = tw.connect("shm://doc-ping")
+        >>> 0.0 < c.ping() < 1.0
+        True
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         return self._c.ping()
 
     def close(self) -> None:
         """Closes the connection once nothing made from it (models, pending
-        requests, outputs) is left; calls raise :class:`Disconnected` after."""
+        requests, outputs) is left; calls raise :class:`Disconnected` after.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-close"])
+        >>> c = tw.connect("inproc://doc-close")
+        >>> c.close()
+        >>> try:
+        ...     c.ping()
+        ... except tw.Disconnected as e:
+        ...     print(e)
+        the client is closed
+        >>> agent.stop()
+        0
+        """
         self._c.close()
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
+        """Whether :meth:`close` was called.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-closed"])
+        >>> c = tw.connect("inproc://doc-closed")
+        >>> c.closed
+        False
+        >>> c.close()
+        >>> c.closed
+        True
+        >>> agent.stop()
+        0
+        """
         return self._c.closed
 
 
@@ -424,6 +897,25 @@ def connect(
 
     Raises :class:`ConnectError` when the agent cannot be reached, and
     :class:`PermissionDenied` when it does not accept the token.
+
+    Examples
+    --------
+    >>> import numpy as np, tensorwire as tw
+    >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+    ...                  listen=["shm://doc-connect"])
+    >>> c = tw.connect("shm://doc-connect", timeout=10.0)
+    >>> c
+    Client('shm://doc-connect')
+    >>> c.model("digits").infer({"x": np.zeros((1, 64), np.float32)})["logits"].shape
+    (1, 10)
+    >>> c.close()
+    >>> try:
+    ...     tw.connect("unix:///nonexistent/agent.sock", connect_timeout=1.0)
+    ... except tw.ConnectError as e:
+    ...     print(e)
+    cannot connect: connect to unix:///nonexistent/agent.sock: No such file or directory (os error 2)
+    >>> agent.stop()
+    0
     """
     if token is None:
         token = os.environ.get("TENSORWIRE_TOKEN") or None
@@ -484,33 +976,49 @@ class Agent:
     """A tensorwire agent inside this Python process: the one
     ``tensorwire serve`` runs, with the same models and endpoints.
 
-        agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
-                         listen=["shm://demo", "unix:///tmp/tw.sock"])
-
     ``models``: name -> ONNX file (``identity`` is always served), or name
     -> a dict with the file as ``"path"`` and any settings of a config
-    file's ``[[model]]`` table (batching, instances, queue):
-
-        agent = tw.Agent(models={"digits": {"path": "models/build/digits_mlp.onnx",
-                                            "max_batch": 32,
-                                            "max_queue_delay_us": 200}},
-                         listen=["shm://demo"])
+    file's ``[[model]]`` table (batching, instances, queue).
 
     ``listen``: endpoints, ``inproc://name`` included (for clients in this
     process), and the KServe v2 front doors ``grpc://HOST:PORT`` and
     ``http://HOST:PORT`` (port 0 picks a free one), which stock
-    ``tritonclient.grpc`` / ``tritonclient.http`` clients talk to:
-
-        agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
-                         listen=["shm://demo", "grpc://127.0.0.1:8001",
-                                 "http://127.0.0.1:8000"])
+    ``tritonclient.grpc`` / ``tritonclient.http`` clients talk to.
 
     ``config``: a TOML file as for ``tensorwire serve --config`` (front
-    doors in its ``listen`` list are started too). Every URI is checked
+    doors in its ``listen`` list are started too). ``intra_threads`` /
+    ``inter_threads``: ONNX Runtime's threads per run. Every URI is checked
     before anything starts; a bad one, or one that cannot be bound, raises
     :class:`AgentError` naming it, and leaves nothing running.
     Stops with :meth:`stop`, at the end of a ``with`` block, or when
     garbage-collected.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np, tensorwire as tw
+    >>> sock = tempfile.mkdtemp() + "/agent.sock"
+    >>> agent = tw.Agent(models={"digits": "models/build/digits_mlp.onnx"},
+    ...                  listen=["shm://doc-agent", f"unix://{sock}"])
+    >>> for uri in agent.endpoints:
+    ...     with tw.connect(uri) as c:
+    ...         print(c.transport, c.model("digits").infer({"x": np.zeros((1, 64), np.float32)})["logits"].shape)
+    shm (1, 10)
+    unix (1, 10)
+    >>> agent.stop()
+    0
+
+    A model's settings, and the KServe v2 front doors on ports the system
+    picks:
+
+    >>> settings = {"path": "models/build/digits_mlp.onnx", "max_batch": 32,
+    ...             "max_queue_delay_us": 200}
+    >>> with tw.Agent(models={"digits": settings},
+    ...               listen=["inproc://doc-agent", "grpc://127.0.0.1:0",
+    ...                       "http://127.0.0.1:0"]) as agent:
+    ...     print(agent)
+    Agent(['inproc://doc-agent', 'grpc://127.0.0.1:...', 'http://127.0.0.1:...'])
+    >>> agent.running
+    False
     """
 
     __slots__ = ("_a",)
@@ -542,16 +1050,51 @@ class Agent:
     @property
     def endpoints(self) -> List[str]:
         """The endpoints listened on: the agent's own, then its front doors
-        (``grpc://…``, then ``http://…``), each ``…:0`` resolved to its port."""
+        (``grpc://…``, then ``http://…``), each ``…:0`` resolved to its port.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-endpoints", "tcp://127.0.0.1:0"])
+        >>> agent.endpoints
+        ['inproc://doc-endpoints', 'tcp://127.0.0.1:...']
+        >>> agent.stop()
+        0
+        """
         return self._a.endpoints
 
     @property
     def running(self) -> bool:
-        """Whether the agent still serves."""
+        """Whether the agent still serves.
+
+        Examples
+        --------
+        >>> import tensorwire as tw
+        >>> agent = tw.Agent(listen=["inproc://doc-running"])
+        >>> agent.running
+        True
+        >>> agent.stop()
+        0
+        >>> agent.running
+        False
+        """
         return self._a.running
 
     def stats(self) -> Dict[str, int]:
-        """Counters: responses, errors, connections, in flight, shm sessions."""
+        """Counters: responses, errors, connections, in flight, shm sessions.
+
+        Examples
+        --------
+        >>> import numpy as np, tensorwire as tw
+        >>> agent = tw.Agent(listen=["shm://doc-stats"])
+        >>> c = tw.connect("shm://doc-stats")
+        >>> _ = c.model("identity").infer({"a": np.zeros(4)})
+        >>> agent.stats()
+        {'connections': 1, 'accepted': 1, 'responses': 1, 'errors': 0, 'in_flight': 0, 'shm_sessions': 1}
+        >>> c.close()
+        >>> agent.stop()
+        0
+        """
         return dict(self._a.stats())
 
     def stop(self, grace: float = 5.0) -> int:
@@ -559,5 +1102,31 @@ class Agent:
         not-ready, the agent refuses new requests and gives those in flight
         (front-door ones included) up to ``grace`` seconds, closes every
         session, then the front doors close. Returns how many requests were
-        unfinished."""
+        unfinished.
+
+        Examples
+        --------
+        A request computing when the agent stops is given the grace period
+        to finish; clients then see :class:`Disconnected`:
+
+        >>> import tempfile, time, numpy as np, tensorwire as tw
+        >>> sock = tempfile.mkdtemp() + "/agent.sock"
+        >>> agent = tw.Agent(models={"slow_echo": "models/build/slow_echo.onnx"},
+        ...                  listen=[f"unix://{sock}"], intra_threads=1)
+        >>> c = tw.connect(f"unix://{sock}")
+        >>> fut = c.model("slow_echo").submit({"x": np.arange(3, dtype=np.float32)})
+        >>> for _ in range(5000):  # until the agent has it (at most 5 s)
+        ...     if agent.stats()["in_flight"]:
+        ...         break
+        ...     time.sleep(0.001)
+        >>> agent.stop(grace=10.0)
+        0
+        >>> fut.result()["y"]
+        array([0., 1., 2.], dtype=float32)
+        >>> try:
+        ...     c.ping()
+        ... except tw.Disconnected as e:
+        ...     print(type(e).__name__)
+        Disconnected
+        """
         return self._a.stop(grace)

@@ -19,6 +19,16 @@
  * Threads: a tw_client and the tw_models looked up on it may be used from
  * any number of threads at once. A tw_buffer or a tw_ticket is used by one
  * thread at a time. Do not free a handle while another thread uses it.
+ *
+ * Examples: each item's "Example:" is the body of a C function that has
+ * `uri`, the shm:// URI of an agent serving the `digits` model (input x
+ * float32[?, 64], output logits float32[?, 10]) and the built-in
+ * `identity` model (it returns its inputs), and `client`, a tw_client
+ * connected to it; it includes <assert.h>, <inttypes.h>, <stdio.h> and
+ * <string.h>. A line `// prints: TEXT` is the line the example printed
+ * just before it. tests/capi.rs compiles every example into one program,
+ * runs it against such an agent and checks that each printed exactly its
+ * `// prints:` lines.
  */
 
 #ifndef TENSORWIRE_H
@@ -33,12 +43,31 @@
 
 /**
  * Most dimensions a tensor may have.
+ *
+ * Example:
+ * ```c
+ * tw_tensor t = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {1, 64}};
+ * assert(t.ndim <= TW_MAX_DIMS);
+ * printf("at most %d dims\n", TW_MAX_DIMS);
+ * // prints: at most 8 dims
+ * ```
  */
 #define TW_MAX_DIMS 8
 
 /**
  * The result of a call: `TW_OK` or why it failed (the message is in
  * `tw_last_error()`).
+ *
+ * Example:
+ * ```c
+ * tw_model *m = NULL;
+ * tw_status s = tw_model_lookup(client, "no-such-model", &m);
+ * if (s != TW_OK) {
+ *     printf("%s: %s\n", tw_status_name(s), tw_last_error());
+ * }
+ * // prints: TW_ERR_UNKNOWN_MODEL: unknown model: no model named 'no-such-model' (see `tensorwire models`)
+ * assert(m == NULL);
+ * ```
  */
 typedef enum tw_status {
   /**
@@ -121,24 +150,92 @@ typedef enum tw_status {
 
 /**
  * A tensor buffer from `tw_alloc` (`tw_buffer`).
+ *
+ * Example:
+ * ```c
+ * int64_t dims[2] = {1, 64};
+ * tw_buffer *buf = NULL;
+ * tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 2, &buf);
+ * assert(s == TW_OK);
+ * float *x = tw_buffer_data(buf);
+ * for (size_t i = 0; i < tw_buffer_len(buf) / sizeof(float); i++) {
+ *     x[i] = 0.0f;
+ * }
+ * tw_tensor in;
+ * s = tw_buffer_tensor(buf, &in);
+ * assert(s == TW_OK);
+ * tw_model *digits = NULL;
+ * s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * float logits[10];
+ * tw_tensor out = {.data = logits, .capacity = sizeof logits};
+ * s = tw_infer(digits, &in, 1, &out, 1);
+ * assert(s == TW_OK);
+ * printf("sent from the arena: %s\n", tw_buffer_in_arena(buf) ? "yes" : "no");
+ * // prints: sent from the arena: yes
+ * tw_model_free(digits);
+ * tw_buffer_free(buf);
+ * ```
  */
 typedef struct tw_buffer tw_buffer;
 
 /**
  * A session with an agent (`tw_client`). May be used from many threads at
  * once.
+ *
+ * Example:
+ * ```c
+ * tw_client *c = NULL;
+ * tw_status s = tw_connect(uri, 0, &c);
+ * assert(s == TW_OK);
+ * tw_model *digits = NULL;
+ * s = tw_model_lookup(c, "digits", &digits);
+ * assert(s == TW_OK);
+ * tw_model_free(digits);
+ * tw_client_close(c);
+ * ```
  */
 typedef struct tw_client tw_client;
 
 /**
  * A model resolved on a client (`tw_model`): its id and signature. May be
  * used from many threads at once; it keeps its client's session open.
+ *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * printf("%s: %zu input(s), %zu output(s)\n", tw_model_name(digits),
+ *        tw_model_num_inputs(digits), tw_model_num_outputs(digits));
+ * // prints: digits: 1 input(s), 1 output(s)
+ * tw_model_free(digits);
+ * ```
  */
 typedef struct tw_model tw_model;
 
 /**
  * A request in flight (`tw_ticket`), from `tw_submit`. Used by one thread
  * at a time.
+ *
+ * Example:
+ * ```c
+ * tw_model *identity = NULL;
+ * tw_status s = tw_model_lookup(client, "identity", &identity);
+ * assert(s == TW_OK);
+ * int32_t x = 7, y = 0;
+ * tw_tensor in = {.dtype = TW_DTYPE_I32, .ndim = 1, .dims = {1}, .data = &x, .len = sizeof x};
+ * tw_tensor out = {.data = &y, .capacity = sizeof y};
+ * tw_ticket *ticket = NULL;
+ * s = tw_submit(identity, &in, 1, &ticket);
+ * assert(s == TW_OK);
+ * s = tw_wait(ticket, &out, 1, 0);
+ * assert(s == TW_OK);
+ * printf("%" PRId32 "\n", y);
+ * // prints: 7
+ * tw_ticket_free(ticket);
+ * tw_model_free(identity);
+ * ```
  */
 typedef struct tw_ticket tw_ticket;
 
@@ -146,11 +243,43 @@ typedef struct tw_ticket tw_ticket;
  * An element type: one of the `TW_DTYPE_*` codes (the wire protocol's).
  * An integer rather than an enum, so that any value a C caller passes is
  * defined (unknown codes are refused with an error).
+ *
+ * Example:
+ * ```c
+ * tw_dtype dt = TW_DTYPE_I64;
+ * printf("%s, %zu bytes\n", tw_dtype_name(dt), tw_dtype_size(dt));
+ * // prints: int64, 8 bytes
+ * ```
  */
 typedef int32_t tw_dtype;
 
 /**
  * Tensor bytes a client has copied in user space (see `tw_client_copy_stats`).
+ *
+ * Example:
+ * ```c
+ * tw_client *c = NULL;  // a fresh client: its counters start at 0
+ * tw_status s = tw_connect(uri, 0, &c);
+ * assert(s == TW_OK);
+ * tw_model *identity = NULL;
+ * s = tw_model_lookup(c, "identity", &identity);
+ * assert(s == TW_OK);
+ * float x[64] = {0}, y[64];
+ * tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 1, .dims = {64},
+ *                 .data = x, .len = sizeof x};
+ * tw_tensor out = {.data = y, .capacity = sizeof y};
+ * s = tw_infer(identity, &in, 1, &out, 1);
+ * assert(s == TW_OK);
+ * tw_copy_stats stats;
+ * s = tw_client_copy_stats(c, &stats);
+ * assert(s == TW_OK);
+ * // Over shm://, x (ordinary memory) was copied into the arena once.
+ * printf("%" PRIu64 " request(s), %" PRIu64 " input bytes copied\n",
+ *        stats.requests, stats.input_bytes_copied);
+ * // prints: 1 request(s), 256 input bytes copied
+ * tw_model_free(identity);
+ * tw_client_close(c);
+ * ```
  */
 typedef struct tw_copy_stats {
   /**
@@ -176,6 +305,20 @@ typedef struct tw_copy_stats {
 
 /**
  * One input or output a model declares (see `tw_model_input`).
+ *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * tw_tensor_info info;
+ * s = tw_model_input(digits, 0, &info);
+ * assert(s == TW_OK);
+ * printf("%s: %s, %zu dims: %" PRId64 " %" PRId64 "\n", info.name,
+ *        tw_dtype_name(info.dtype), info.ndim, info.dims[0], info.dims[1]);
+ * // prints: x: float32, 2 dims: -1 64
+ * tw_model_free(digits);
+ * ```
  */
 typedef struct tw_tensor_info {
   /**
@@ -214,6 +357,26 @@ typedef struct tw_tensor_info {
  * written there and the call fails with `TW_ERR_BUFFER_TOO_SMALL` (after
  * filling in every output's fields, so that all the sizes needed are
  * known at once).
+ *
+ * Example:
+ * ```c
+ * tw_model *identity = NULL;
+ * tw_status s = tw_model_lookup(client, "identity", &identity);
+ * assert(s == TW_OK);
+ * // An input: a float32[2, 3] in C order.
+ * float x[2][3] = {{1, 2, 3}, {4, 5, 6}};
+ * tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {2, 3},
+ *                 .data = x, .len = sizeof x};
+ * // An output: room for it; the call fills in dtype, ndim, dims and len.
+ * float y[2][3];
+ * tw_tensor out = {.data = y, .capacity = sizeof y};
+ * s = tw_infer(identity, &in, 1, &out, 1);
+ * assert(s == TW_OK);
+ * printf("%s[%" PRId64 ", %" PRId64 "], %zu bytes, y[1][2] = %g\n",
+ *        tw_dtype_name(out.dtype), out.dims[0], out.dims[1], out.len, y[1][2]);
+ * // prints: float32[2, 3], 24 bytes, y[1][2] = 6
+ * tw_model_free(identity);
+ * ```
  */
 typedef struct tw_tensor {
   /**
@@ -246,66 +409,144 @@ typedef struct tw_tensor {
 
 /**
  * IEEE 754 binary32 (`float`).
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_F32), tw_dtype_size(TW_DTYPE_F32));
+ * // prints: float32, 4 byte(s)
+ * ```
  */
 #define TW_DTYPE_F32 1
 
 /**
  * IEEE 754 binary16.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_F16), tw_dtype_size(TW_DTYPE_F16));
+ * // prints: float16, 2 byte(s)
+ * ```
  */
 #define TW_DTYPE_F16 2
 
 /**
  * bfloat16 (the upper half of a binary32).
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_BF16), tw_dtype_size(TW_DTYPE_BF16));
+ * // prints: bfloat16, 2 byte(s)
+ * ```
  */
 #define TW_DTYPE_BF16 3
 
 /**
  * IEEE 754 binary64 (`double`).
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_F64), tw_dtype_size(TW_DTYPE_F64));
+ * // prints: float64, 8 byte(s)
+ * ```
  */
 #define TW_DTYPE_F64 4
 
 /**
  * `int8_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I8), tw_dtype_size(TW_DTYPE_I8));
+ * // prints: int8, 1 byte(s)
+ * ```
  */
 #define TW_DTYPE_I8 5
 
 /**
  * `int16_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I16), tw_dtype_size(TW_DTYPE_I16));
+ * // prints: int16, 2 byte(s)
+ * ```
  */
 #define TW_DTYPE_I16 6
 
 /**
  * `int32_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I32), tw_dtype_size(TW_DTYPE_I32));
+ * // prints: int32, 4 byte(s)
+ * ```
  */
 #define TW_DTYPE_I32 7
 
 /**
  * `int64_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I64), tw_dtype_size(TW_DTYPE_I64));
+ * // prints: int64, 8 byte(s)
+ * ```
  */
 #define TW_DTYPE_I64 8
 
 /**
  * `uint8_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U8), tw_dtype_size(TW_DTYPE_U8));
+ * // prints: uint8, 1 byte(s)
+ * ```
  */
 #define TW_DTYPE_U8 9
 
 /**
  * `uint16_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U16), tw_dtype_size(TW_DTYPE_U16));
+ * // prints: uint16, 2 byte(s)
+ * ```
  */
 #define TW_DTYPE_U16 10
 
 /**
  * `uint32_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U32), tw_dtype_size(TW_DTYPE_U32));
+ * // prints: uint32, 4 byte(s)
+ * ```
  */
 #define TW_DTYPE_U32 11
 
 /**
  * `uint64_t`.
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U64), tw_dtype_size(TW_DTYPE_U64));
+ * // prints: uint64, 8 byte(s)
+ * ```
  */
 #define TW_DTYPE_U64 12
 
 /**
  * Boolean, one byte per element (0 or 1).
+ *
+ * Example:
+ * ```c
+ * printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_BOOL), tw_dtype_size(TW_DTYPE_BOOL));
+ * // prints: bool, 1 byte(s)
+ * ```
  */
 #define TW_DTYPE_BOOL 13
 
@@ -317,6 +558,14 @@ extern "C" {
  * The name of a status code, e.g. `"TW_ERR_TIMEOUT"`, or
  * `"TW_UNKNOWN_STATUS"` for a code that is none of them. The string is
  * static: never free it.
+ *
+ * Example:
+ * ```c
+ * printf("%s\n", tw_status_name(TW_ERR_TIMEOUT));
+ * // prints: TW_ERR_TIMEOUT
+ * printf("%s\n", tw_status_name(99));
+ * // prints: TW_UNKNOWN_STATUS
+ * ```
  */
 const char *tw_status_name(int status);
 
@@ -327,17 +576,41 @@ const char *tw_status_name(int status);
  * if no call has failed on this thread. Successful calls leave it as it
  * is. Never NULL; it stays valid until the next failing call on this
  * thread. Do not free it.
+ *
+ * Example:
+ * ```c
+ * tw_client *c = NULL;
+ * tw_status s = tw_connect("bogus://nowhere", 0, &c);
+ * assert(s == TW_ERR_CONNECT && c == NULL);
+ * printf("%s\n", tw_last_error());
+ * // prints: cannot connect: bad endpoint 'bogus://nowhere': unknown scheme 'bogus' (known: inproc, unix, tcp, tls, shm, vsock)
+ * ```
  */
 const char *tw_last_error(void);
 
 /**
  * The name of a dtype code (`"float32"`, `"int64"`, ... as numpy spells
  * them), or NULL for an unknown code. Static: never free it.
+ *
+ * Example:
+ * ```c
+ * printf("%s %s\n", tw_dtype_name(TW_DTYPE_F16), tw_dtype_name(TW_DTYPE_BOOL));
+ * // prints: float16 bool
+ * assert(tw_dtype_name(0) == NULL);  // not a dtype code
+ * ```
  */
 const char *tw_dtype_name(tw_dtype dtype);
 
 /**
  * The size of one element of a dtype in bytes, or 0 for an unknown code.
+ *
+ * Example:
+ * ```c
+ * size_t bytes = tw_dtype_size(TW_DTYPE_F64) * 2 * 3;  // a float64[2, 3]
+ * printf("%zu\n", bytes);
+ * // prints: 48
+ * assert(tw_dtype_size(0) == 0);  // not a dtype code
+ * ```
  */
 size_t tw_dtype_size(tw_dtype dtype);
 
@@ -356,6 +629,21 @@ size_t tw_dtype_size(tw_dtype dtype);
  * at its connection limit; `TW_ERR_PERMISSION_DENIED` for a token it does
  * not accept).
  *
+ * Example:
+ * ```c
+ * tw_client *c = NULL;
+ * tw_status s = tw_connect(uri, 10.0, &c);  // 10 s to connect, then per call
+ * if (s != TW_OK) {
+ *     fprintf(stderr, "tw_connect: %s: %s\n", tw_status_name(s), tw_last_error());
+ * }
+ * assert(s == TW_OK && c != NULL);
+ * tw_client_close(c);
+ *
+ * s = tw_connect("unix:///nonexistent-dir/agent.sock", 1.0, &c);
+ * printf("%s, c is %s\n", tw_status_name(s), c == NULL ? "NULL" : "set");
+ * // prints: TW_ERR_CONNECT, c is NULL
+ * ```
+ *
  * # Safety
  * `uri` is NULL or a NUL-terminated string; `out` is NULL or valid for a
  * write of a pointer.
@@ -366,6 +654,25 @@ enum tw_status tw_connect(const char *uri, double timeout_s, struct tw_client **
  * Closes a client (NULL is ignored). Models looked up on it keep the
  * session open until they are freed too; buffers from `tw_alloc` stay
  * valid until freed.
+ *
+ * Example:
+ * ```c
+ * tw_client *c = NULL;
+ * tw_status s = tw_connect(uri, 0, &c);
+ * assert(s == TW_OK);
+ * tw_model *identity = NULL;
+ * s = tw_model_lookup(c, "identity", &identity);
+ * assert(s == TW_OK);
+ * tw_client_close(c);  // the model keeps the session open...
+ * uint8_t x = 1, y = 0;
+ * tw_tensor in = {.dtype = TW_DTYPE_U8, .ndim = 1, .dims = {1}, .data = &x, .len = 1};
+ * tw_tensor out = {.data = &y, .capacity = 1};
+ * s = tw_infer(identity, &in, 1, &out, 1);
+ * printf("after close: %s\n", tw_status_name(s));
+ * // prints: after close: TW_OK
+ * tw_model_free(identity);  // ...until it is freed too
+ * tw_client_close(NULL);    // NULL is ignored
+ * ```
  *
  * # Safety
  * `client` is NULL or a client from `tw_connect` not closed before, which
@@ -378,6 +685,37 @@ void tw_client_close(struct tw_client *client);
  * `shm://`, `input_bytes_copied` stays 0 for inputs that lie in
  * `tw_buffer`s.
  *
+ * Example:
+ * ```c
+ * tw_client *c = NULL;  // a fresh client over shm://: its counters start at 0
+ * tw_status s = tw_connect(uri, 0, &c);
+ * assert(s == TW_OK);
+ * tw_model *identity = NULL;
+ * s = tw_model_lookup(c, "identity", &identity);
+ * assert(s == TW_OK);
+ * int64_t dims[1] = {64};
+ * tw_buffer *buf = NULL;
+ * s = tw_alloc(c, TW_DTYPE_F32, dims, 1, &buf);
+ * assert(s == TW_OK);
+ * memset(tw_buffer_data(buf), 0, tw_buffer_len(buf));
+ * tw_tensor in;
+ * s = tw_buffer_tensor(buf, &in);
+ * assert(s == TW_OK);
+ * float y[64];
+ * tw_tensor out = {.data = y, .capacity = sizeof y};
+ * s = tw_infer(identity, &in, 1, &out, 1);
+ * assert(s == TW_OK);
+ * tw_copy_stats stats;
+ * s = tw_client_copy_stats(c, &stats);
+ * assert(s == TW_OK);
+ * printf("%" PRIu64 " request(s), %" PRIu64 " input bytes copied\n",
+ *        stats.requests, stats.input_bytes_copied);
+ * // prints: 1 request(s), 0 input bytes copied
+ * tw_buffer_free(buf);
+ * tw_model_free(identity);
+ * tw_client_close(c);
+ * ```
+ *
  * # Safety
  * `client` is NULL or a live client; `out` is NULL or valid for a write
  * of a `tw_copy_stats`.
@@ -386,6 +724,12 @@ enum tw_status tw_client_copy_stats(const struct tw_client *client, struct tw_co
 
 /**
  * The library's version, e.g. `"0.1.0"`. Static: never free it.
+ *
+ * Example:
+ * ```c
+ * printf("libtensorwire %s\n", tw_version());
+ * // prints: libtensorwire 0.1.0
+ * ```
  */
 const char *tw_version(void);
 
@@ -393,6 +737,21 @@ const char *tw_version(void);
  * Looks a model up by name. On success `*out` is the model (free it with
  * `tw_model_free`); on failure it is NULL and the status is
  * `TW_ERR_UNKNOWN_MODEL` when the agent serves no such model.
+ *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * printf("found %s\n", tw_model_name(digits));
+ * // prints: found digits
+ * tw_model_free(digits);
+ *
+ * tw_model *none = NULL;
+ * s = tw_model_lookup(client, "no-such-model", &none);
+ * printf("%s, none is %s\n", tw_status_name(s), none == NULL ? "NULL" : "set");
+ * // prints: TW_ERR_UNKNOWN_MODEL, none is NULL
+ * ```
  *
  * # Safety
  * `client` is NULL or a live client; `name` is NULL or a NUL-terminated
@@ -405,6 +764,18 @@ enum tw_status tw_model_lookup(const struct tw_client *client,
 /**
  * Frees a model (NULL is ignored). Strings it handed out become invalid.
  *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * const char *name = tw_model_name(digits);
+ * printf("%s\n", name);
+ * // prints: digits
+ * tw_model_free(digits);  // name is invalid from here on
+ * tw_model_free(NULL);    // NULL is ignored
+ * ```
+ *
  * # Safety
  * `model` is NULL or a model from `tw_model_lookup` not freed before, which no
  * other thread is using.
@@ -416,6 +787,27 @@ void tw_model_free(struct tw_model *model);
  * handle: 1 is the highest, up to the model's `priority_levels`; 0 (the
  * default) is the model's default level. A level the model does not have
  * is refused by the agent, per request (`TW_ERR_INVALID_INPUT`).
+ *
+ * Example:
+ * ```c
+ * tw_model *identity = NULL;
+ * tw_status s = tw_model_lookup(client, "identity", &identity);
+ * assert(s == TW_OK);
+ * float x[4] = {1, 2, 3, 4}, y[4];
+ * tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 1, .dims = {4}, .data = x, .len = sizeof x};
+ * tw_tensor out = {.data = y, .capacity = sizeof y};
+ * s = tw_model_set_priority(identity, 1);  // the highest level
+ * assert(s == TW_OK);
+ * s = tw_infer(identity, &in, 1, &out, 1);
+ * printf("level 1: %s\n", tw_status_name(s));
+ * // prints: level 1: TW_OK
+ * s = tw_model_set_priority(identity, 2);  // a level this model does not have
+ * assert(s == TW_OK);
+ * s = tw_infer(identity, &in, 1, &out, 1);
+ * printf("level 2: %s\n", tw_status_name(s));
+ * // prints: level 2: TW_ERR_INVALID_INPUT
+ * tw_model_free(identity);
+ * ```
  *
  * # Safety
  * `model` is NULL or a live model that no other thread uses during the
@@ -430,6 +822,22 @@ enum tw_status tw_model_set_priority(struct tw_model *model, uint8_t level);
  * timeout, when it has one, caps it). 0 (the default): the model's
  * default.
  *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * s = tw_model_set_queue_timeout_us(digits, 50000);  // wait at most 50 ms in the queue
+ * assert(s == TW_OK);
+ * float x[64] = {0}, logits[10];
+ * tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {1, 64}, .data = x, .len = sizeof x};
+ * tw_tensor out = {.data = logits, .capacity = sizeof logits};
+ * s = tw_infer(digits, &in, 1, &out, 1);  // TW_ERR_TIMEOUT if it waited longer
+ * printf("%s\n", tw_status_name(s));
+ * // prints: TW_OK
+ * tw_model_free(digits);
+ * ```
+ *
  * # Safety
  * `model` is NULL or a live model that no other thread uses during the
  * call.
@@ -440,6 +848,16 @@ enum tw_status tw_model_set_queue_timeout_us(struct tw_model *model, uint32_t ti
  * The model's name (valid as long as the model), or NULL if `model` is
  * NULL.
  *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * printf("%s\n", tw_model_name(digits));
+ * // prints: digits
+ * tw_model_free(digits);
+ * ```
+ *
  * # Safety
  * `model` is NULL or a live model.
  */
@@ -448,6 +866,21 @@ const char *tw_model_name(const struct tw_model *model);
 /**
  * How many inputs the model declares (0 if `model` is NULL). The built-in
  * `identity` model declares none and takes any tensors.
+ *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * tw_tensor_info info;
+ * for (size_t i = 0; i < tw_model_num_inputs(digits); i++) {
+ *     s = tw_model_input(digits, i, &info);
+ *     assert(s == TW_OK);
+ *     printf("input %zu: %s\n", i, info.name);
+ * }
+ * // prints: input 0: x
+ * tw_model_free(digits);
+ * ```
  *
  * # Safety
  * `model` is NULL or a live model.
@@ -458,6 +891,21 @@ size_t tw_model_num_inputs(const struct tw_model *model);
  * How many outputs the model declares (0 if `model` is NULL; the
  * `identity` model declares none and returns its inputs).
  *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * tw_tensor_info info;
+ * for (size_t i = 0; i < tw_model_num_outputs(digits); i++) {
+ *     s = tw_model_output(digits, i, &info);
+ *     assert(s == TW_OK);
+ *     printf("output %zu: %s\n", i, info.name);
+ * }
+ * // prints: output 0: logits
+ * tw_model_free(digits);
+ * ```
+ *
  * # Safety
  * `model` is NULL or a live model.
  */
@@ -466,6 +914,23 @@ size_t tw_model_num_outputs(const struct tw_model *model);
 /**
  * Input `index` of the model, into `*out` (dynamic dimensions are -1).
  * `TW_ERR_INVALID_ARGUMENT` if there is no such input.
+ *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * tw_tensor_info info;
+ * s = tw_model_input(digits, 0, &info);
+ * assert(s == TW_OK);
+ * printf("%s %s[%" PRId64 ", %" PRId64 "]\n", info.name, tw_dtype_name(info.dtype),
+ *        info.dims[0], info.dims[1]);
+ * // prints: x float32[-1, 64]
+ * s = tw_model_input(digits, 1, &info);  // digits has one input
+ * printf("%s\n", tw_status_name(s));
+ * // prints: TW_ERR_INVALID_ARGUMENT
+ * tw_model_free(digits);
+ * ```
  *
  * # Safety
  * `model` is NULL or a live model; `out` is NULL or valid for a write of
@@ -478,6 +943,20 @@ enum tw_status tw_model_input(const struct tw_model *model,
 /**
  * Output `index` of the model, into `*out` (dynamic dimensions are -1).
  * `TW_ERR_INVALID_ARGUMENT` if there is no such output.
+ *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * tw_tensor_info info;
+ * s = tw_model_output(digits, 0, &info);
+ * assert(s == TW_OK);
+ * printf("%s %s[%" PRId64 ", %" PRId64 "]\n", info.name, tw_dtype_name(info.dtype),
+ *        info.dims[0], info.dims[1]);
+ * // prints: logits float32[-1, 10]
+ * tw_model_free(digits);
+ * ```
  *
  * # Safety
  * `model` is NULL or a live model; `out` is NULL or valid for a write of
@@ -503,6 +982,32 @@ enum tw_status tw_model_output(const struct tw_model *model,
  * Over `shm://`, input bytes inside a `tw_buffer` are sent where they lie;
  * others are copied into the arena once.
  *
+ * Example:
+ * ```c
+ * tw_model *digits = NULL;
+ * tw_status s = tw_model_lookup(client, "digits", &digits);
+ * assert(s == TW_OK);
+ * float x[2][64] = {{0}}, logits[2][10];  // a batch of two 8x8 images
+ * tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {2, 64},
+ *                 .data = x, .len = sizeof x};
+ * tw_tensor out = {.data = logits, .capacity = sizeof logits};
+ * s = tw_infer(digits, &in, 1, &out, 1);
+ * if (s != TW_OK) {
+ *     fprintf(stderr, "tw_infer: %s: %s\n", tw_status_name(s), tw_last_error());
+ * }
+ * assert(s == TW_OK);
+ * printf("%s[%" PRId64 ", %" PRId64 "], %zu bytes\n", tw_dtype_name(out.dtype),
+ *        out.dims[0], out.dims[1], out.len);
+ * // prints: float32[2, 10], 80 bytes
+ *
+ * float small[4];
+ * tw_tensor too_small = {.data = small, .capacity = sizeof small};
+ * s = tw_infer(digits, &in, 1, &too_small, 1);
+ * printf("%s: needs %zu bytes\n", tw_status_name(s), too_small.len);
+ * // prints: TW_ERR_BUFFER_TOO_SMALL: needs 80 bytes
+ * tw_model_free(digits);
+ * ```
+ *
  * # Safety
  * `model` is NULL or a live model. `inputs` is NULL or points to
  * `n_inputs` `tw_tensor`s whose `data` are valid for reads of `len` bytes;
@@ -525,6 +1030,31 @@ enum tw_status tw_infer(const struct tw_model *model,
  * `shm://`, which the agent reads in place: do not write to those until
  * the request has been waited for.
  *
+ * Example:
+ * ```c
+ * tw_model *identity = NULL;
+ * tw_status s = tw_model_lookup(client, "identity", &identity);
+ * assert(s == TW_OK);
+ * int64_t x[3] = {10, 20, 30}, y[3][3];
+ * tw_ticket *tickets[3] = {NULL, NULL, NULL};
+ * for (int i = 0; i < 3; i++) {  // three requests in flight at once
+ *     tw_tensor in = {.dtype = TW_DTYPE_I64, .ndim = 1, .dims = {1},
+ *                     .data = &x[i], .len = sizeof x[i]};
+ *     s = tw_submit(identity, &in, 1, &tickets[i]);
+ *     assert(s == TW_OK);
+ * }
+ * for (int i = 0; i < 3; i++) {
+ *     tw_tensor out = {.data = y[i], .capacity = sizeof y[i]};
+ *     s = tw_wait(tickets[i], &out, 1, 0);
+ *     assert(s == TW_OK);
+ *     printf("%" PRId64 " ", y[i][0]);
+ *     tw_ticket_free(tickets[i]);
+ * }
+ * printf("\n");
+ * // prints: 10 20 30
+ * tw_model_free(identity);
+ * ```
+ *
  * # Safety
  * `model` is NULL or a live model; `inputs` is NULL or points to
  * `n_inputs` `tw_tensor`s whose `data` are valid for reads of `len` bytes,
@@ -546,6 +1076,32 @@ enum tw_status tw_submit(const struct tw_model *model,
  * `TW_ERR_INVALID_ARGUMENT`. The ticket is still freed with
  * `tw_ticket_free`.
  *
+ * Example:
+ * ```c
+ * tw_model *identity = NULL;
+ * tw_status s = tw_model_lookup(client, "identity", &identity);
+ * assert(s == TW_OK);
+ * double x[3] = {0.5, 1.5, 2.5};
+ * tw_tensor in = {.dtype = TW_DTYPE_F64, .ndim = 1, .dims = {3}, .data = x, .len = sizeof x};
+ * tw_ticket *ticket = NULL;
+ * s = tw_submit(identity, &in, 1, &ticket);
+ * assert(s == TW_OK);
+ * double one;
+ * tw_tensor out = {.data = &one, .capacity = sizeof one};
+ * s = tw_wait(ticket, &out, 1, 5.0);  // at most 5 s
+ * printf("%s: needs %zu bytes\n", tw_status_name(s), out.len);
+ * // prints: TW_ERR_BUFFER_TOO_SMALL: needs 24 bytes
+ * double y[3];
+ * out.data = y;  // the response is kept: wait again with room for it
+ * out.capacity = sizeof y;
+ * s = tw_wait(ticket, &out, 1, 5.0);
+ * assert(s == TW_OK);
+ * printf("%g %g %g\n", y[0], y[1], y[2]);
+ * // prints: 0.5 1.5 2.5
+ * tw_ticket_free(ticket);
+ * tw_model_free(identity);
+ * ```
+ *
  * # Safety
  * `ticket` is NULL or a live ticket that no other thread is using;
  * `outputs` is NULL or points to `n_outputs` `tw_tensor`s whose `data`
@@ -561,6 +1117,21 @@ enum tw_status tw_wait(struct tw_ticket *ticket,
  * Frees a ticket (NULL is ignored). A request not waited for is given up:
  * its response is discarded when it comes.
  *
+ * Example:
+ * ```c
+ * tw_model *identity = NULL;
+ * tw_status s = tw_model_lookup(client, "identity", &identity);
+ * assert(s == TW_OK);
+ * uint16_t x = 42;
+ * tw_tensor in = {.dtype = TW_DTYPE_U16, .ndim = 1, .dims = {1}, .data = &x, .len = sizeof x};
+ * tw_ticket *ticket = NULL;
+ * s = tw_submit(identity, &in, 1, &ticket);
+ * assert(s == TW_OK);
+ * tw_ticket_free(ticket);  // never waited for: its response is discarded
+ * tw_ticket_free(NULL);    // NULL is ignored
+ * tw_model_free(identity);
+ * ```
+ *
  * # Safety
  * `ticket` is NULL or a ticket from `tw_submit` not freed before, which
  * no other thread is using.
@@ -575,6 +1146,19 @@ void tw_ticket_free(struct tw_ticket *ticket);
  * `TW_ERR_LIMIT_EXCEEDED`); elsewhere it is ordinary 64-byte aligned
  * memory. A fresh arena buffer holds what its range last held: overwrite
  * all of it. Free it with `tw_buffer_free`.
+ *
+ * Example:
+ * ```c
+ * int64_t dims[2] = {2, 64};
+ * tw_buffer *buf = NULL;
+ * tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 2, &buf);
+ * assert(s == TW_OK);
+ * memset(tw_buffer_data(buf), 0, tw_buffer_len(buf));  // overwrite all of it
+ * printf("%zu bytes, in the arena: %s\n", tw_buffer_len(buf),
+ *        tw_buffer_in_arena(buf) ? "yes" : "no");
+ * // prints: 512 bytes, in the arena: yes
+ * tw_buffer_free(buf);
+ * ```
  *
  * # Safety
  * `client` is NULL or a live client; `dims` is NULL (only if `ndim` is 0)
@@ -592,6 +1176,21 @@ enum tw_status tw_alloc(const struct tw_client *client,
  * freed. Do not write to them while a request that reads them is in
  * flight (`tw_submit` not yet waited for).
  *
+ * Example:
+ * ```c
+ * int64_t dims[1] = {4};
+ * tw_buffer *buf = NULL;
+ * tw_status s = tw_alloc(client, TW_DTYPE_I32, dims, 1, &buf);
+ * assert(s == TW_OK);
+ * int32_t *v = tw_buffer_data(buf);
+ * for (int i = 0; i < 4; i++) {
+ *     v[i] = i * i;
+ * }
+ * printf("%" PRId32 " %" PRId32 " %" PRId32 " %" PRId32 "\n", v[0], v[1], v[2], v[3]);
+ * // prints: 0 1 4 9
+ * tw_buffer_free(buf);
+ * ```
+ *
  * # Safety
  * `buffer` is NULL or a live buffer.
  */
@@ -599,6 +1198,17 @@ void *tw_buffer_data(const struct tw_buffer *buffer);
 
 /**
  * The buffer's size in bytes (0 if `buffer` is NULL).
+ *
+ * Example:
+ * ```c
+ * int64_t dims[2] = {3, 5};
+ * tw_buffer *buf = NULL;
+ * tw_status s = tw_alloc(client, TW_DTYPE_F64, dims, 2, &buf);
+ * assert(s == TW_OK);
+ * printf("%zu\n", tw_buffer_len(buf));  // 3 * 5 * 8
+ * // prints: 120
+ * tw_buffer_free(buf);
+ * ```
  *
  * # Safety
  * `buffer` is NULL or a live buffer.
@@ -609,6 +1219,17 @@ size_t tw_buffer_len(const struct tw_buffer *buffer);
  * Whether the buffer lies in a shared-memory arena (and so is sent
  * without a copy); false on other transports and if `buffer` is NULL.
  *
+ * Example:
+ * ```c
+ * int64_t dims[1] = {16};
+ * tw_buffer *buf = NULL;
+ * tw_status s = tw_alloc(client, TW_DTYPE_U8, dims, 1, &buf);
+ * assert(s == TW_OK);
+ * printf("%s\n", tw_buffer_in_arena(buf) ? "in the arena" : "ordinary memory");
+ * // prints: in the arena
+ * tw_buffer_free(buf);
+ * ```
+ *
  * # Safety
  * `buffer` is NULL or a live buffer.
  */
@@ -617,6 +1238,35 @@ bool tw_buffer_in_arena(const struct tw_buffer *buffer);
 /**
  * Describes the buffer as an input `tw_tensor` (its dtype, dims, data and
  * len; capacity = len), ready for `tw_infer`.
+ *
+ * Example:
+ * ```c
+ * int64_t dims[2] = {1, 3};
+ * tw_buffer *buf = NULL;
+ * tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 2, &buf);
+ * assert(s == TW_OK);
+ * float *x = tw_buffer_data(buf);
+ * x[0] = 1.0f;
+ * x[1] = 2.0f;
+ * x[2] = 3.0f;
+ * tw_tensor in;
+ * s = tw_buffer_tensor(buf, &in);
+ * assert(s == TW_OK);
+ * printf("%s[%" PRId64 ", %" PRId64 "], %zu bytes\n", tw_dtype_name(in.dtype), in.dims[0],
+ *        in.dims[1], in.len);
+ * // prints: float32[1, 3], 12 bytes
+ * tw_model *identity = NULL;
+ * s = tw_model_lookup(client, "identity", &identity);
+ * assert(s == TW_OK);
+ * float y[3];
+ * tw_tensor out = {.data = y, .capacity = sizeof y};
+ * s = tw_infer(identity, &in, 1, &out, 1);
+ * assert(s == TW_OK);
+ * printf("%g %g %g\n", y[0], y[1], y[2]);
+ * // prints: 1 2 3
+ * tw_model_free(identity);
+ * tw_buffer_free(buf);
+ * ```
  *
  * # Safety
  * `buffer` is NULL or a live buffer; `out` is NULL or valid for a write
@@ -627,6 +1277,16 @@ enum tw_status tw_buffer_tensor(const struct tw_buffer *buffer, struct tw_tensor
 /**
  * Frees a buffer (NULL is ignored). Over `shm://` its arena range returns
  * to the session once no request in flight reads it.
+ *
+ * Example:
+ * ```c
+ * int64_t dims[1] = {8};
+ * tw_buffer *buf = NULL;
+ * tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 1, &buf);
+ * assert(s == TW_OK);
+ * tw_buffer_free(buf);   // its arena range is the session's again
+ * tw_buffer_free(NULL);  // NULL is ignored
+ * ```
  *
  * # Safety
  * `buffer` is NULL or a buffer from `tw_alloc` not freed before, which no

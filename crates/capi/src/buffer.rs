@@ -13,6 +13,32 @@ use client::{DType, TensorBuf};
 use std::ffi::c_void;
 
 /// A tensor buffer from `tw_alloc` (`tw_buffer`).
+///
+/// Example:
+/// ```c
+/// int64_t dims[2] = {1, 64};
+/// tw_buffer *buf = NULL;
+/// tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 2, &buf);
+/// assert(s == TW_OK);
+/// float *x = tw_buffer_data(buf);
+/// for (size_t i = 0; i < tw_buffer_len(buf) / sizeof(float); i++) {
+///     x[i] = 0.0f;
+/// }
+/// tw_tensor in;
+/// s = tw_buffer_tensor(buf, &in);
+/// assert(s == TW_OK);
+/// tw_model *digits = NULL;
+/// s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// float logits[10];
+/// tw_tensor out = {.data = logits, .capacity = sizeof logits};
+/// s = tw_infer(digits, &in, 1, &out, 1);
+/// assert(s == TW_OK);
+/// printf("sent from the arena: %s\n", tw_buffer_in_arena(buf) ? "yes" : "no");
+/// // prints: sent from the arena: yes
+/// tw_model_free(digits);
+/// tw_buffer_free(buf);
+/// ```
 #[derive(Debug)]
 pub struct TwBuffer {
     buf: TensorBuf,
@@ -29,6 +55,19 @@ pub struct TwBuffer {
 /// `TW_ERR_LIMIT_EXCEEDED`); elsewhere it is ordinary 64-byte aligned
 /// memory. A fresh arena buffer holds what its range last held: overwrite
 /// all of it. Free it with `tw_buffer_free`.
+///
+/// Example:
+/// ```c
+/// int64_t dims[2] = {2, 64};
+/// tw_buffer *buf = NULL;
+/// tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 2, &buf);
+/// assert(s == TW_OK);
+/// memset(tw_buffer_data(buf), 0, tw_buffer_len(buf));  // overwrite all of it
+/// printf("%zu bytes, in the arena: %s\n", tw_buffer_len(buf),
+///        tw_buffer_in_arena(buf) ? "yes" : "no");
+/// // prints: 512 bytes, in the arena: yes
+/// tw_buffer_free(buf);
+/// ```
 ///
 /// # Safety
 /// `client` is NULL or a live client; `dims` is NULL (only if `ndim` is 0)
@@ -75,6 +114,21 @@ fn alloc(c: &TwClient, dtype: DType, shape: &[u64]) -> Result<TwBuffer, Failure>
 /// freed. Do not write to them while a request that reads them is in
 /// flight (`tw_submit` not yet waited for).
 ///
+/// Example:
+/// ```c
+/// int64_t dims[1] = {4};
+/// tw_buffer *buf = NULL;
+/// tw_status s = tw_alloc(client, TW_DTYPE_I32, dims, 1, &buf);
+/// assert(s == TW_OK);
+/// int32_t *v = tw_buffer_data(buf);
+/// for (int i = 0; i < 4; i++) {
+///     v[i] = i * i;
+/// }
+/// printf("%" PRId32 " %" PRId32 " %" PRId32 " %" PRId32 "\n", v[0], v[1], v[2], v[3]);
+/// // prints: 0 1 4 9
+/// tw_buffer_free(buf);
+/// ```
+///
 /// # Safety
 /// `buffer` is NULL or a live buffer.
 #[no_mangle]
@@ -86,6 +140,17 @@ pub unsafe extern "C" fn tw_buffer_data(buffer: *const TwBuffer) -> *mut c_void 
 }
 
 /// The buffer's size in bytes (0 if `buffer` is NULL).
+///
+/// Example:
+/// ```c
+/// int64_t dims[2] = {3, 5};
+/// tw_buffer *buf = NULL;
+/// tw_status s = tw_alloc(client, TW_DTYPE_F64, dims, 2, &buf);
+/// assert(s == TW_OK);
+/// printf("%zu\n", tw_buffer_len(buf));  // 3 * 5 * 8
+/// // prints: 120
+/// tw_buffer_free(buf);
+/// ```
 ///
 /// # Safety
 /// `buffer` is NULL or a live buffer.
@@ -100,6 +165,17 @@ pub unsafe extern "C" fn tw_buffer_len(buffer: *const TwBuffer) -> usize {
 /// Whether the buffer lies in a shared-memory arena (and so is sent
 /// without a copy); false on other transports and if `buffer` is NULL.
 ///
+/// Example:
+/// ```c
+/// int64_t dims[1] = {16};
+/// tw_buffer *buf = NULL;
+/// tw_status s = tw_alloc(client, TW_DTYPE_U8, dims, 1, &buf);
+/// assert(s == TW_OK);
+/// printf("%s\n", tw_buffer_in_arena(buf) ? "in the arena" : "ordinary memory");
+/// // prints: in the arena
+/// tw_buffer_free(buf);
+/// ```
+///
 /// # Safety
 /// `buffer` is NULL or a live buffer.
 #[no_mangle]
@@ -112,6 +188,35 @@ pub unsafe extern "C" fn tw_buffer_in_arena(buffer: *const TwBuffer) -> bool {
 
 /// Describes the buffer as an input `tw_tensor` (its dtype, dims, data and
 /// len; capacity = len), ready for `tw_infer`.
+///
+/// Example:
+/// ```c
+/// int64_t dims[2] = {1, 3};
+/// tw_buffer *buf = NULL;
+/// tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 2, &buf);
+/// assert(s == TW_OK);
+/// float *x = tw_buffer_data(buf);
+/// x[0] = 1.0f;
+/// x[1] = 2.0f;
+/// x[2] = 3.0f;
+/// tw_tensor in;
+/// s = tw_buffer_tensor(buf, &in);
+/// assert(s == TW_OK);
+/// printf("%s[%" PRId64 ", %" PRId64 "], %zu bytes\n", tw_dtype_name(in.dtype), in.dims[0],
+///        in.dims[1], in.len);
+/// // prints: float32[1, 3], 12 bytes
+/// tw_model *identity = NULL;
+/// s = tw_model_lookup(client, "identity", &identity);
+/// assert(s == TW_OK);
+/// float y[3];
+/// tw_tensor out = {.data = y, .capacity = sizeof y};
+/// s = tw_infer(identity, &in, 1, &out, 1);
+/// assert(s == TW_OK);
+/// printf("%g %g %g\n", y[0], y[1], y[2]);
+/// // prints: 1 2 3
+/// tw_model_free(identity);
+/// tw_buffer_free(buf);
+/// ```
 ///
 /// # Safety
 /// `buffer` is NULL or a live buffer; `out` is NULL or valid for a write
@@ -146,6 +251,16 @@ pub unsafe extern "C" fn tw_buffer_tensor(buffer: *const TwBuffer, out: *mut TwT
 
 /// Frees a buffer (NULL is ignored). Over `shm://` its arena range returns
 /// to the session once no request in flight reads it.
+///
+/// Example:
+/// ```c
+/// int64_t dims[1] = {8};
+/// tw_buffer *buf = NULL;
+/// tw_status s = tw_alloc(client, TW_DTYPE_F32, dims, 1, &buf);
+/// assert(s == TW_OK);
+/// tw_buffer_free(buf);   // its arena range is the session's again
+/// tw_buffer_free(NULL);  // NULL is ignored
+/// ```
 ///
 /// # Safety
 /// `buffer` is NULL or a buffer from `tw_alloc` not freed before, which no

@@ -11,6 +11,18 @@ use std::time::Duration;
 
 /// A session with an agent (`tw_client`). May be used from many threads at
 /// once.
+///
+/// Example:
+/// ```c
+/// tw_client *c = NULL;
+/// tw_status s = tw_connect(uri, 0, &c);
+/// assert(s == TW_OK);
+/// tw_model *digits = NULL;
+/// s = tw_model_lookup(c, "digits", &digits);
+/// assert(s == TW_OK);
+/// tw_model_free(digits);
+/// tw_client_close(c);
+/// ```
 #[derive(Debug)]
 pub struct TwClient {
     /// The Rust client.
@@ -44,6 +56,21 @@ pub fn timeout_from_c(seconds: f64, name: &str) -> Result<Option<Duration>, Fail
 /// agent answered (`TW_ERR_DISCONNECTED` when it refuses the session, e.g.
 /// at its connection limit; `TW_ERR_PERMISSION_DENIED` for a token it does
 /// not accept).
+///
+/// Example:
+/// ```c
+/// tw_client *c = NULL;
+/// tw_status s = tw_connect(uri, 10.0, &c);  // 10 s to connect, then per call
+/// if (s != TW_OK) {
+///     fprintf(stderr, "tw_connect: %s: %s\n", tw_status_name(s), tw_last_error());
+/// }
+/// assert(s == TW_OK && c != NULL);
+/// tw_client_close(c);
+///
+/// s = tw_connect("unix:///nonexistent-dir/agent.sock", 1.0, &c);
+/// printf("%s, c is %s\n", tw_status_name(s), c == NULL ? "NULL" : "set");
+/// // prints: TW_ERR_CONNECT, c is NULL
+/// ```
 ///
 /// # Safety
 /// `uri` is NULL or a NUL-terminated string; `out` is NULL or valid for a
@@ -79,6 +106,25 @@ pub unsafe extern "C" fn tw_connect(
 /// session open until they are freed too; buffers from `tw_alloc` stay
 /// valid until freed.
 ///
+/// Example:
+/// ```c
+/// tw_client *c = NULL;
+/// tw_status s = tw_connect(uri, 0, &c);
+/// assert(s == TW_OK);
+/// tw_model *identity = NULL;
+/// s = tw_model_lookup(c, "identity", &identity);
+/// assert(s == TW_OK);
+/// tw_client_close(c);  // the model keeps the session open...
+/// uint8_t x = 1, y = 0;
+/// tw_tensor in = {.dtype = TW_DTYPE_U8, .ndim = 1, .dims = {1}, .data = &x, .len = 1};
+/// tw_tensor out = {.data = &y, .capacity = 1};
+/// s = tw_infer(identity, &in, 1, &out, 1);
+/// printf("after close: %s\n", tw_status_name(s));
+/// // prints: after close: TW_OK
+/// tw_model_free(identity);  // ...until it is freed too
+/// tw_client_close(NULL);    // NULL is ignored
+/// ```
+///
 /// # Safety
 /// `client` is NULL or a client from `tw_connect` not closed before, which
 /// no other thread is using.
@@ -97,6 +143,37 @@ pub unsafe extern "C" fn tw_client_close(client: *mut TwClient) {
 /// The tensor bytes the client has copied so far, into `*out`: over
 /// `shm://`, `input_bytes_copied` stays 0 for inputs that lie in
 /// `tw_buffer`s.
+///
+/// Example:
+/// ```c
+/// tw_client *c = NULL;  // a fresh client over shm://: its counters start at 0
+/// tw_status s = tw_connect(uri, 0, &c);
+/// assert(s == TW_OK);
+/// tw_model *identity = NULL;
+/// s = tw_model_lookup(c, "identity", &identity);
+/// assert(s == TW_OK);
+/// int64_t dims[1] = {64};
+/// tw_buffer *buf = NULL;
+/// s = tw_alloc(c, TW_DTYPE_F32, dims, 1, &buf);
+/// assert(s == TW_OK);
+/// memset(tw_buffer_data(buf), 0, tw_buffer_len(buf));
+/// tw_tensor in;
+/// s = tw_buffer_tensor(buf, &in);
+/// assert(s == TW_OK);
+/// float y[64];
+/// tw_tensor out = {.data = y, .capacity = sizeof y};
+/// s = tw_infer(identity, &in, 1, &out, 1);
+/// assert(s == TW_OK);
+/// tw_copy_stats stats;
+/// s = tw_client_copy_stats(c, &stats);
+/// assert(s == TW_OK);
+/// printf("%" PRIu64 " request(s), %" PRIu64 " input bytes copied\n",
+///        stats.requests, stats.input_bytes_copied);
+/// // prints: 1 request(s), 0 input bytes copied
+/// tw_buffer_free(buf);
+/// tw_model_free(identity);
+/// tw_client_close(c);
+/// ```
 ///
 /// # Safety
 /// `client` is NULL or a live client; `out` is NULL or valid for a write
@@ -117,6 +194,12 @@ pub unsafe extern "C" fn tw_client_copy_stats(
 }
 
 /// The library's version, e.g. `"0.1.0"`. Static: never free it.
+///
+/// Example:
+/// ```c
+/// printf("libtensorwire %s\n", tw_version());
+/// // prints: libtensorwire 0.1.0
+/// ```
 #[no_mangle]
 pub extern "C" fn tw_version() -> *const c_char {
     const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");

@@ -99,6 +99,15 @@ pub fn last_error() -> String {
 /// if no call has failed on this thread. Successful calls leave it as it
 /// is. Never NULL; it stays valid until the next failing call on this
 /// thread. Do not free it.
+///
+/// Example:
+/// ```c
+/// tw_client *c = NULL;
+/// tw_status s = tw_connect("bogus://nowhere", 0, &c);
+/// assert(s == TW_ERR_CONNECT && c == NULL);
+/// printf("%s\n", tw_last_error());
+/// // prints: cannot connect: bad endpoint 'bogus://nowhere': unknown scheme 'bogus' (known: inproc, unix, tcp, tls, shm, vsock)
+/// ```
 #[no_mangle]
 pub extern "C" fn tw_last_error() -> *const c_char {
     guard_value(c"".as_ptr(), || {

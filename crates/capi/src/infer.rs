@@ -13,6 +13,25 @@ use client::{DType, Response, Tensor, TensorRef, Ticket};
 
 /// A request in flight (`tw_ticket`), from `tw_submit`. Used by one thread
 /// at a time.
+///
+/// Example:
+/// ```c
+/// tw_model *identity = NULL;
+/// tw_status s = tw_model_lookup(client, "identity", &identity);
+/// assert(s == TW_OK);
+/// int32_t x = 7, y = 0;
+/// tw_tensor in = {.dtype = TW_DTYPE_I32, .ndim = 1, .dims = {1}, .data = &x, .len = sizeof x};
+/// tw_tensor out = {.data = &y, .capacity = sizeof y};
+/// tw_ticket *ticket = NULL;
+/// s = tw_submit(identity, &in, 1, &ticket);
+/// assert(s == TW_OK);
+/// s = tw_wait(ticket, &out, 1, 0);
+/// assert(s == TW_OK);
+/// printf("%" PRId32 "\n", y);
+/// // prints: 7
+/// tw_ticket_free(ticket);
+/// tw_model_free(identity);
+/// ```
 pub struct TwTicket {
     /// The request, until `tw_wait` has waited for it.
     pending: Option<Ticket>,
@@ -187,6 +206,32 @@ unsafe fn write_outputs(
 /// Over `shm://`, input bytes inside a `tw_buffer` are sent where they lie;
 /// others are copied into the arena once.
 ///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// float x[2][64] = {{0}}, logits[2][10];  // a batch of two 8x8 images
+/// tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {2, 64},
+///                 .data = x, .len = sizeof x};
+/// tw_tensor out = {.data = logits, .capacity = sizeof logits};
+/// s = tw_infer(digits, &in, 1, &out, 1);
+/// if (s != TW_OK) {
+///     fprintf(stderr, "tw_infer: %s: %s\n", tw_status_name(s), tw_last_error());
+/// }
+/// assert(s == TW_OK);
+/// printf("%s[%" PRId64 ", %" PRId64 "], %zu bytes\n", tw_dtype_name(out.dtype),
+///        out.dims[0], out.dims[1], out.len);
+/// // prints: float32[2, 10], 80 bytes
+///
+/// float small[4];
+/// tw_tensor too_small = {.data = small, .capacity = sizeof small};
+/// s = tw_infer(digits, &in, 1, &too_small, 1);
+/// printf("%s: needs %zu bytes\n", tw_status_name(s), too_small.len);
+/// // prints: TW_ERR_BUFFER_TOO_SMALL: needs 80 bytes
+/// tw_model_free(digits);
+/// ```
+///
 /// # Safety
 /// `model` is NULL or a live model. `inputs` is NULL or points to
 /// `n_inputs` `tw_tensor`s whose `data` are valid for reads of `len` bytes;
@@ -227,6 +272,31 @@ pub unsafe extern "C" fn tw_infer(
 /// not read after this returns, except those in `tw_buffer`s over
 /// `shm://`, which the agent reads in place: do not write to those until
 /// the request has been waited for.
+///
+/// Example:
+/// ```c
+/// tw_model *identity = NULL;
+/// tw_status s = tw_model_lookup(client, "identity", &identity);
+/// assert(s == TW_OK);
+/// int64_t x[3] = {10, 20, 30}, y[3][3];
+/// tw_ticket *tickets[3] = {NULL, NULL, NULL};
+/// for (int i = 0; i < 3; i++) {  // three requests in flight at once
+///     tw_tensor in = {.dtype = TW_DTYPE_I64, .ndim = 1, .dims = {1},
+///                     .data = &x[i], .len = sizeof x[i]};
+///     s = tw_submit(identity, &in, 1, &tickets[i]);
+///     assert(s == TW_OK);
+/// }
+/// for (int i = 0; i < 3; i++) {
+///     tw_tensor out = {.data = y[i], .capacity = sizeof y[i]};
+///     s = tw_wait(tickets[i], &out, 1, 0);
+///     assert(s == TW_OK);
+///     printf("%" PRId64 " ", y[i][0]);
+///     tw_ticket_free(tickets[i]);
+/// }
+/// printf("\n");
+/// // prints: 10 20 30
+/// tw_model_free(identity);
+/// ```
 ///
 /// # Safety
 /// `model` is NULL or a live model; `inputs` is NULL or points to
@@ -271,6 +341,32 @@ pub unsafe extern "C" fn tw_submit(
 /// `TW_ERR_INVALID_ARGUMENT`. The ticket is still freed with
 /// `tw_ticket_free`.
 ///
+/// Example:
+/// ```c
+/// tw_model *identity = NULL;
+/// tw_status s = tw_model_lookup(client, "identity", &identity);
+/// assert(s == TW_OK);
+/// double x[3] = {0.5, 1.5, 2.5};
+/// tw_tensor in = {.dtype = TW_DTYPE_F64, .ndim = 1, .dims = {3}, .data = x, .len = sizeof x};
+/// tw_ticket *ticket = NULL;
+/// s = tw_submit(identity, &in, 1, &ticket);
+/// assert(s == TW_OK);
+/// double one;
+/// tw_tensor out = {.data = &one, .capacity = sizeof one};
+/// s = tw_wait(ticket, &out, 1, 5.0);  // at most 5 s
+/// printf("%s: needs %zu bytes\n", tw_status_name(s), out.len);
+/// // prints: TW_ERR_BUFFER_TOO_SMALL: needs 24 bytes
+/// double y[3];
+/// out.data = y;  // the response is kept: wait again with room for it
+/// out.capacity = sizeof y;
+/// s = tw_wait(ticket, &out, 1, 5.0);
+/// assert(s == TW_OK);
+/// printf("%g %g %g\n", y[0], y[1], y[2]);
+/// // prints: 0.5 1.5 2.5
+/// tw_ticket_free(ticket);
+/// tw_model_free(identity);
+/// ```
+///
 /// # Safety
 /// `ticket` is NULL or a live ticket that no other thread is using;
 /// `outputs` is NULL or points to `n_outputs` `tw_tensor`s whose `data`
@@ -309,6 +405,21 @@ pub unsafe extern "C" fn tw_wait(
 
 /// Frees a ticket (NULL is ignored). A request not waited for is given up:
 /// its response is discarded when it comes.
+///
+/// Example:
+/// ```c
+/// tw_model *identity = NULL;
+/// tw_status s = tw_model_lookup(client, "identity", &identity);
+/// assert(s == TW_OK);
+/// uint16_t x = 42;
+/// tw_tensor in = {.dtype = TW_DTYPE_U16, .ndim = 1, .dims = {1}, .data = &x, .len = sizeof x};
+/// tw_ticket *ticket = NULL;
+/// s = tw_submit(identity, &in, 1, &ticket);
+/// assert(s == TW_OK);
+/// tw_ticket_free(ticket);  // never waited for: its response is discarded
+/// tw_ticket_free(NULL);    // NULL is ignored
+/// tw_model_free(identity);
+/// ```
 ///
 /// # Safety
 /// `ticket` is NULL or a ticket from `tw_submit` not freed before, which

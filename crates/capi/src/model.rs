@@ -13,6 +13,17 @@ use std::ffi::{c_char, CString};
 
 /// A model resolved on a client (`tw_model`): its id and signature. May be
 /// used from many threads at once; it keeps its client's session open.
+///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// printf("%s: %zu input(s), %zu output(s)\n", tw_model_name(digits),
+///        tw_model_num_inputs(digits), tw_model_num_outputs(digits));
+/// // prints: digits: 1 input(s), 1 output(s)
+/// tw_model_free(digits);
+/// ```
 #[derive(Debug)]
 pub struct TwModel {
     /// The Rust model handle.
@@ -47,6 +58,21 @@ impl TwModel {
 /// `tw_model_free`); on failure it is NULL and the status is
 /// `TW_ERR_UNKNOWN_MODEL` when the agent serves no such model.
 ///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// printf("found %s\n", tw_model_name(digits));
+/// // prints: found digits
+/// tw_model_free(digits);
+///
+/// tw_model *none = NULL;
+/// s = tw_model_lookup(client, "no-such-model", &none);
+/// printf("%s, none is %s\n", tw_status_name(s), none == NULL ? "NULL" : "set");
+/// // prints: TW_ERR_UNKNOWN_MODEL, none is NULL
+/// ```
+///
 /// # Safety
 /// `client` is NULL or a live client; `name` is NULL or a NUL-terminated
 /// string; `out` is NULL or valid for a write of a pointer.
@@ -71,6 +97,18 @@ pub unsafe extern "C" fn tw_model_lookup(
 
 /// Frees a model (NULL is ignored). Strings it handed out become invalid.
 ///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// const char *name = tw_model_name(digits);
+/// printf("%s\n", name);
+/// // prints: digits
+/// tw_model_free(digits);  // name is invalid from here on
+/// tw_model_free(NULL);    // NULL is ignored
+/// ```
+///
 /// # Safety
 /// `model` is NULL or a model from `tw_model_lookup` not freed before, which no
 /// other thread is using.
@@ -91,6 +129,27 @@ pub unsafe extern "C" fn tw_model_free(model: *mut TwModel) {
 /// default) is the model's default level. A level the model does not have
 /// is refused by the agent, per request (`TW_ERR_INVALID_INPUT`).
 ///
+/// Example:
+/// ```c
+/// tw_model *identity = NULL;
+/// tw_status s = tw_model_lookup(client, "identity", &identity);
+/// assert(s == TW_OK);
+/// float x[4] = {1, 2, 3, 4}, y[4];
+/// tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 1, .dims = {4}, .data = x, .len = sizeof x};
+/// tw_tensor out = {.data = y, .capacity = sizeof y};
+/// s = tw_model_set_priority(identity, 1);  // the highest level
+/// assert(s == TW_OK);
+/// s = tw_infer(identity, &in, 1, &out, 1);
+/// printf("level 1: %s\n", tw_status_name(s));
+/// // prints: level 1: TW_OK
+/// s = tw_model_set_priority(identity, 2);  // a level this model does not have
+/// assert(s == TW_OK);
+/// s = tw_infer(identity, &in, 1, &out, 1);
+/// printf("level 2: %s\n", tw_status_name(s));
+/// // prints: level 2: TW_ERR_INVALID_INPUT
+/// tw_model_free(identity);
+/// ```
+///
 /// # Safety
 /// `model` is NULL or a live model that no other thread uses during the
 /// call.
@@ -109,6 +168,22 @@ pub unsafe extern "C" fn tw_model_set_priority(model: *mut TwModel, level: u8) -
 /// `TW_ERR_TIMEOUT` without being computed (the model's own default
 /// timeout, when it has one, caps it). 0 (the default): the model's
 /// default.
+///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// s = tw_model_set_queue_timeout_us(digits, 50000);  // wait at most 50 ms in the queue
+/// assert(s == TW_OK);
+/// float x[64] = {0}, logits[10];
+/// tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {1, 64}, .data = x, .len = sizeof x};
+/// tw_tensor out = {.data = logits, .capacity = sizeof logits};
+/// s = tw_infer(digits, &in, 1, &out, 1);  // TW_ERR_TIMEOUT if it waited longer
+/// printf("%s\n", tw_status_name(s));
+/// // prints: TW_OK
+/// tw_model_free(digits);
+/// ```
 ///
 /// # Safety
 /// `model` is NULL or a live model that no other thread uses during the
@@ -132,6 +207,16 @@ pub unsafe extern "C" fn tw_model_set_queue_timeout_us(
 /// The model's name (valid as long as the model), or NULL if `model` is
 /// NULL.
 ///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// printf("%s\n", tw_model_name(digits));
+/// // prints: digits
+/// tw_model_free(digits);
+/// ```
+///
 /// # Safety
 /// `model` is NULL or a live model.
 #[no_mangle]
@@ -146,6 +231,21 @@ pub unsafe extern "C" fn tw_model_name(model: *const TwModel) -> *const c_char {
 /// How many inputs the model declares (0 if `model` is NULL). The built-in
 /// `identity` model declares none and takes any tensors.
 ///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// tw_tensor_info info;
+/// for (size_t i = 0; i < tw_model_num_inputs(digits); i++) {
+///     s = tw_model_input(digits, i, &info);
+///     assert(s == TW_OK);
+///     printf("input %zu: %s\n", i, info.name);
+/// }
+/// // prints: input 0: x
+/// tw_model_free(digits);
+/// ```
+///
 /// # Safety
 /// `model` is NULL or a live model.
 #[no_mangle]
@@ -159,6 +259,21 @@ pub unsafe extern "C" fn tw_model_num_inputs(model: *const TwModel) -> usize {
 /// How many outputs the model declares (0 if `model` is NULL; the
 /// `identity` model declares none and returns its inputs).
 ///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// tw_tensor_info info;
+/// for (size_t i = 0; i < tw_model_num_outputs(digits); i++) {
+///     s = tw_model_output(digits, i, &info);
+///     assert(s == TW_OK);
+///     printf("output %zu: %s\n", i, info.name);
+/// }
+/// // prints: output 0: logits
+/// tw_model_free(digits);
+/// ```
+///
 /// # Safety
 /// `model` is NULL or a live model.
 #[no_mangle]
@@ -171,6 +286,23 @@ pub unsafe extern "C" fn tw_model_num_outputs(model: *const TwModel) -> usize {
 
 /// Input `index` of the model, into `*out` (dynamic dimensions are -1).
 /// `TW_ERR_INVALID_ARGUMENT` if there is no such input.
+///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// tw_tensor_info info;
+/// s = tw_model_input(digits, 0, &info);
+/// assert(s == TW_OK);
+/// printf("%s %s[%" PRId64 ", %" PRId64 "]\n", info.name, tw_dtype_name(info.dtype),
+///        info.dims[0], info.dims[1]);
+/// // prints: x float32[-1, 64]
+/// s = tw_model_input(digits, 1, &info);  // digits has one input
+/// printf("%s\n", tw_status_name(s));
+/// // prints: TW_ERR_INVALID_ARGUMENT
+/// tw_model_free(digits);
+/// ```
 ///
 /// # Safety
 /// `model` is NULL or a live model; `out` is NULL or valid for a write of
@@ -187,6 +319,20 @@ pub unsafe extern "C" fn tw_model_input(
 
 /// Output `index` of the model, into `*out` (dynamic dimensions are -1).
 /// `TW_ERR_INVALID_ARGUMENT` if there is no such output.
+///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// tw_tensor_info info;
+/// s = tw_model_output(digits, 0, &info);
+/// assert(s == TW_OK);
+/// printf("%s %s[%" PRId64 ", %" PRId64 "]\n", info.name, tw_dtype_name(info.dtype),
+///        info.dims[0], info.dims[1]);
+/// // prints: logits float32[-1, 10]
+/// tw_model_free(digits);
+/// ```
 ///
 /// # Safety
 /// `model` is NULL or a live model; `out` is NULL or valid for a write of

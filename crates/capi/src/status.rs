@@ -8,6 +8,17 @@ use std::ffi::{c_char, c_int, CStr};
 
 /// The result of a call: `TW_OK` or why it failed (the message is in
 /// `tw_last_error()`).
+///
+/// Example:
+/// ```c
+/// tw_model *m = NULL;
+/// tw_status s = tw_model_lookup(client, "no-such-model", &m);
+/// if (s != TW_OK) {
+///     printf("%s: %s\n", tw_status_name(s), tw_last_error());
+/// }
+/// // prints: TW_ERR_UNKNOWN_MODEL: unknown model: no model named 'no-such-model' (see `tensorwire models`)
+/// assert(m == NULL);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)] // the C names, as the header spells them
@@ -130,6 +141,14 @@ impl TwStatus {
 /// The name of a status code, e.g. `"TW_ERR_TIMEOUT"`, or
 /// `"TW_UNKNOWN_STATUS"` for a code that is none of them. The string is
 /// static: never free it.
+///
+/// Example:
+/// ```c
+/// printf("%s\n", tw_status_name(TW_ERR_TIMEOUT));
+/// // prints: TW_ERR_TIMEOUT
+/// printf("%s\n", tw_status_name(99));
+/// // prints: TW_UNKNOWN_STATUS
+/// ```
 #[no_mangle]
 pub extern "C" fn tw_status_name(status: c_int) -> *const c_char {
     guard_value(c"TW_UNKNOWN_STATUS".as_ptr(), || {

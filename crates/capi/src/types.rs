@@ -8,6 +8,14 @@ use client::{ClientError, CopyStats, DType, TensorSpec};
 use std::ffi::{c_char, c_void, CString};
 
 /// Most dimensions a tensor may have.
+///
+/// Example:
+/// ```c
+/// tw_tensor t = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {1, 64}};
+/// assert(t.ndim <= TW_MAX_DIMS);
+/// printf("at most %d dims\n", TW_MAX_DIMS);
+/// // prints: at most 8 dims
+/// ```
 pub const TW_MAX_DIMS: usize = 8;
 
 const _: () = assert!(TW_MAX_DIMS == wire::MAX_DIMS);
@@ -15,33 +23,118 @@ const _: () = assert!(TW_MAX_DIMS == wire::MAX_DIMS);
 /// An element type: one of the `TW_DTYPE_*` codes (the wire protocol's).
 /// An integer rather than an enum, so that any value a C caller passes is
 /// defined (unknown codes are refused with an error).
+///
+/// Example:
+/// ```c
+/// tw_dtype dt = TW_DTYPE_I64;
+/// printf("%s, %zu bytes\n", tw_dtype_name(dt), tw_dtype_size(dt));
+/// // prints: int64, 8 bytes
+/// ```
 pub type TwDtype = i32;
 
 /// IEEE 754 binary32 (`float`).
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_F32), tw_dtype_size(TW_DTYPE_F32));
+/// // prints: float32, 4 byte(s)
+/// ```
 pub const TW_DTYPE_F32: TwDtype = 1;
 /// IEEE 754 binary16.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_F16), tw_dtype_size(TW_DTYPE_F16));
+/// // prints: float16, 2 byte(s)
+/// ```
 pub const TW_DTYPE_F16: TwDtype = 2;
 /// bfloat16 (the upper half of a binary32).
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_BF16), tw_dtype_size(TW_DTYPE_BF16));
+/// // prints: bfloat16, 2 byte(s)
+/// ```
 pub const TW_DTYPE_BF16: TwDtype = 3;
 /// IEEE 754 binary64 (`double`).
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_F64), tw_dtype_size(TW_DTYPE_F64));
+/// // prints: float64, 8 byte(s)
+/// ```
 pub const TW_DTYPE_F64: TwDtype = 4;
 /// `int8_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I8), tw_dtype_size(TW_DTYPE_I8));
+/// // prints: int8, 1 byte(s)
+/// ```
 pub const TW_DTYPE_I8: TwDtype = 5;
 /// `int16_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I16), tw_dtype_size(TW_DTYPE_I16));
+/// // prints: int16, 2 byte(s)
+/// ```
 pub const TW_DTYPE_I16: TwDtype = 6;
 /// `int32_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I32), tw_dtype_size(TW_DTYPE_I32));
+/// // prints: int32, 4 byte(s)
+/// ```
 pub const TW_DTYPE_I32: TwDtype = 7;
 /// `int64_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_I64), tw_dtype_size(TW_DTYPE_I64));
+/// // prints: int64, 8 byte(s)
+/// ```
 pub const TW_DTYPE_I64: TwDtype = 8;
 /// `uint8_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U8), tw_dtype_size(TW_DTYPE_U8));
+/// // prints: uint8, 1 byte(s)
+/// ```
 pub const TW_DTYPE_U8: TwDtype = 9;
 /// `uint16_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U16), tw_dtype_size(TW_DTYPE_U16));
+/// // prints: uint16, 2 byte(s)
+/// ```
 pub const TW_DTYPE_U16: TwDtype = 10;
 /// `uint32_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U32), tw_dtype_size(TW_DTYPE_U32));
+/// // prints: uint32, 4 byte(s)
+/// ```
 pub const TW_DTYPE_U32: TwDtype = 11;
 /// `uint64_t`.
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_U64), tw_dtype_size(TW_DTYPE_U64));
+/// // prints: uint64, 8 byte(s)
+/// ```
 pub const TW_DTYPE_U64: TwDtype = 12;
 /// Boolean, one byte per element (0 or 1).
+///
+/// Example:
+/// ```c
+/// printf("%s, %zu byte(s)\n", tw_dtype_name(TW_DTYPE_BOOL), tw_dtype_size(TW_DTYPE_BOOL));
+/// // prints: bool, 1 byte(s)
+/// ```
 pub const TW_DTYPE_BOOL: TwDtype = 13;
 
 /// A tensor passed to `tw_infer` / `tw_submit` (an input) or filled in by
@@ -60,6 +153,26 @@ pub const TW_DTYPE_BOOL: TwDtype = 13;
 /// written there and the call fails with `TW_ERR_BUFFER_TOO_SMALL` (after
 /// filling in every output's fields, so that all the sizes needed are
 /// known at once).
+///
+/// Example:
+/// ```c
+/// tw_model *identity = NULL;
+/// tw_status s = tw_model_lookup(client, "identity", &identity);
+/// assert(s == TW_OK);
+/// // An input: a float32[2, 3] in C order.
+/// float x[2][3] = {{1, 2, 3}, {4, 5, 6}};
+/// tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 2, .dims = {2, 3},
+///                 .data = x, .len = sizeof x};
+/// // An output: room for it; the call fills in dtype, ndim, dims and len.
+/// float y[2][3];
+/// tw_tensor out = {.data = y, .capacity = sizeof y};
+/// s = tw_infer(identity, &in, 1, &out, 1);
+/// assert(s == TW_OK);
+/// printf("%s[%" PRId64 ", %" PRId64 "], %zu bytes, y[1][2] = %g\n",
+///        tw_dtype_name(out.dtype), out.dims[0], out.dims[1], out.len, y[1][2]);
+/// // prints: float32[2, 3], 24 bytes, y[1][2] = 6
+/// tw_model_free(identity);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TwTensor {
@@ -80,6 +193,20 @@ pub struct TwTensor {
 }
 
 /// One input or output a model declares (see `tw_model_input`).
+///
+/// Example:
+/// ```c
+/// tw_model *digits = NULL;
+/// tw_status s = tw_model_lookup(client, "digits", &digits);
+/// assert(s == TW_OK);
+/// tw_tensor_info info;
+/// s = tw_model_input(digits, 0, &info);
+/// assert(s == TW_OK);
+/// printf("%s: %s, %zu dims: %" PRId64 " %" PRId64 "\n", info.name,
+///        tw_dtype_name(info.dtype), info.ndim, info.dims[0], info.dims[1]);
+/// // prints: x: float32, 2 dims: -1 64
+/// tw_model_free(digits);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TwTensorInfo {
@@ -95,6 +222,31 @@ pub struct TwTensorInfo {
 }
 
 /// Tensor bytes a client has copied in user space (see `tw_client_copy_stats`).
+///
+/// Example:
+/// ```c
+/// tw_client *c = NULL;  // a fresh client: its counters start at 0
+/// tw_status s = tw_connect(uri, 0, &c);
+/// assert(s == TW_OK);
+/// tw_model *identity = NULL;
+/// s = tw_model_lookup(c, "identity", &identity);
+/// assert(s == TW_OK);
+/// float x[64] = {0}, y[64];
+/// tw_tensor in = {.dtype = TW_DTYPE_F32, .ndim = 1, .dims = {64},
+///                 .data = x, .len = sizeof x};
+/// tw_tensor out = {.data = y, .capacity = sizeof y};
+/// s = tw_infer(identity, &in, 1, &out, 1);
+/// assert(s == TW_OK);
+/// tw_copy_stats stats;
+/// s = tw_client_copy_stats(c, &stats);
+/// assert(s == TW_OK);
+/// // Over shm://, x (ordinary memory) was copied into the arena once.
+/// printf("%" PRIu64 " request(s), %" PRIu64 " input bytes copied\n",
+///        stats.requests, stats.input_bytes_copied);
+/// // prints: 1 request(s), 256 input bytes copied
+/// tw_model_free(identity);
+/// tw_client_close(c);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TwCopyStats {
@@ -229,6 +381,13 @@ pub fn c_string(s: &str) -> CString {
 
 /// The name of a dtype code (`"float32"`, `"int64"`, ... as numpy spells
 /// them), or NULL for an unknown code. Static: never free it.
+///
+/// Example:
+/// ```c
+/// printf("%s %s\n", tw_dtype_name(TW_DTYPE_F16), tw_dtype_name(TW_DTYPE_BOOL));
+/// // prints: float16 bool
+/// assert(tw_dtype_name(0) == NULL);  // not a dtype code
+/// ```
 #[no_mangle]
 pub extern "C" fn tw_dtype_name(dtype: TwDtype) -> *const c_char {
     guard_value(std::ptr::null(), || {
@@ -251,6 +410,14 @@ pub extern "C" fn tw_dtype_name(dtype: TwDtype) -> *const c_char {
 }
 
 /// The size of one element of a dtype in bytes, or 0 for an unknown code.
+///
+/// Example:
+/// ```c
+/// size_t bytes = tw_dtype_size(TW_DTYPE_F64) * 2 * 3;  // a float64[2, 3]
+/// printf("%zu\n", bytes);
+/// // prints: 48
+/// assert(tw_dtype_size(0) == 0);  // not a dtype code
+/// ```
 #[no_mangle]
 pub extern "C" fn tw_dtype_size(dtype: TwDtype) -> usize {
     guard_value(0, || Ok(dtype_from_c(dtype).map_or(0, DType::size)))
