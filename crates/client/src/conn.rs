@@ -33,17 +33,20 @@ use wire::{
 ///
 /// # Examples
 ///
-/// ```no_run
+/// ```
 /// use client::{Client, TensorRef, MAX_WAIT};
 /// use std::time::Duration;
-/// let c = Client::connect("unix:///run/tensorwire.sock")?;
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
 /// let x = [0f32; 64];
-/// let ticket = c.model("digits")?.submit(&[TensorRef::from_slice(&[1, 64], &x)?])?;
+/// let ticket = c.model("identity")?.submit(&[TensorRef::from_slice(&[1, 64], &x)?])?;
 /// // "Forever": a longer wait is taken as MAX_WAIT, so no deadline overflows.
 /// assert!(Duration::MAX > MAX_WAIT);
 /// let response = ticket.wait_timeout(Duration::MAX)?;
-/// # let _ = response;
-/// # Ok::<(), client::ClientError>(())
+/// assert_eq!(response.outputs[0].shape, [1, 64]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
