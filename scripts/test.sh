@@ -13,6 +13,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc (warnings are errors: broken or private intra-doc links, bare URLs, ...)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "== cargo test"
 cargo test --workspace --locked 2>&1 | tee target/test-output.txt
 echo "== pytest models, python/tests (the tensorwire package), examples"

@@ -18,16 +18,20 @@
 //! - [`paths`]: where the default model and tokenizer are, from anywhere in a
 //!   checkout.
 //!
-//! ```no_run
+//! ```
 //! use classifier::{labels::Labels, run, tokenize::TextTokenizer};
+//! # let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+//! # std::env::set_current_dir(root)?; // the paths below are the repository's
 //! let tok = TextTokenizer::load("models/build/minilm_tokenizer.json".as_ref())?;
 //! let model = "models/build/tweet_classifier.onnx".as_ref();
 //! let labels = Labels::for_model(model)?;
 //! let lines = run::read_lines("examples/classifier/tweets.txt".as_ref())?;
 //! let mut local = run::LocalTarget::load(model, &engine::OrtOptions::default())?;
-//! let report = run::run_lines("local", &mut local, &tok, &labels, &lines, &mut |_| {})?;
+//! let first = &lines[..6];
+//! let report = run::run_lines("local", &mut local, &tok, &labels, first, &mut |_| {})?;
+//! assert_eq!(report.lines.len(), 6);
 //! println!("average after the 4th line: {:?} ms", report.avg_ms());
-//! # Ok::<(), classifier::ClassifierError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub mod agents;

@@ -193,9 +193,20 @@ impl Ticket {
     /// ([`ClientError::Timeout`], after the client's timeout) or the
     /// session ends.
     ///
-    /// ```no_run
+    /// # Examples
+    ///
+    /// ```
     /// use client::{Client, TensorRef};
     /// use std::sync::mpsc;
+    /// # let dir = tempfile::tempdir()?;
+    /// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("shm://agent")?;
+    /// # cfg.models.push(server::ModelConfig::new(
+    /// #     "digits",
+    /// #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+    /// # ));
+    /// # let _agent = server::Agent::start(cfg)?;
     /// let c = Client::connect("shm://agent")?;
     /// let model = c.model("digits")?;
     /// let x = vec![0f32; 64];
@@ -204,13 +215,17 @@ impl Ticket {
     ///     let tx = tx.clone();
     ///     model
     ///         .submit(&[TensorRef::from_slice(&[1, 64], &x)?])?
-    ///         .on_complete(move |r| drop(tx.send((i, r.map(|r| r.outputs.len())))));
+    ///         .on_complete(move |r| drop(tx.send((i, r.map(|r| r.outputs[0].shape.clone())))));
     /// }
+    /// let mut done = Vec::new();
     /// for _ in 0..8 {
-    ///     let (i, outputs) = rx.recv().expect("every callback runs");
-    ///     println!("request {i}: {outputs:?}");
+    ///     let (i, shape) = rx.recv()?; // every callback runs exactly once
+    ///     assert_eq!(shape?, [1, 10]);
+    ///     done.push(i);
     /// }
-    /// # Ok::<(), client::ClientError>(())
+    /// done.sort();
+    /// assert_eq!(done, (0..8).collect::<Vec<_>>());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn on_complete<F>(self, f: F)
     where
@@ -227,18 +242,55 @@ impl Ticket {
 /// particular runtime: the session's completion thread wakes it. Dropping
 /// it before it is ready discards the response when it comes.
 ///
-/// ```no_run
-/// # async fn demo() -> Result<(), client::ClientError> {
+/// # Examples
+///
+/// Any executor drives it; here a minimal one made of `std` parts:
+///
+/// ```
 /// use client::{Client, TensorRef};
-/// let c = Client::connect("unix:///tmp/tensorwire.sock")?;
-/// let model = c.model("digits")?;
-/// let x = vec![0f32; 64];
-/// let a = model.submit(&[TensorRef::from_slice(&[1, 64], &x)?])?;
-/// let b = model.submit(&[TensorRef::from_slice(&[1, 64], &x)?])?;
-/// let (a, b) = (a.await?, b.await?);
-/// # let _ = (a, b);
-/// # Ok(())
+/// # use std::future::Future;
+/// # use std::sync::Arc;
+/// # use std::task::{Context, Poll, Wake};
+/// # struct Unpark(std::thread::Thread);
+/// # impl Wake for Unpark {
+/// #     fn wake(self: Arc<Self>) {
+/// #         self.0.unpark();
+/// #     }
 /// # }
+/// # /// Polls `f` on this thread, parking between polls.
+/// # fn block_on<F: Future>(f: F) -> F::Output {
+/// #     let waker = Arc::new(Unpark(std::thread::current())).into();
+/// #     let mut cx = Context::from_waker(&waker);
+/// #     let mut f = std::pin::pin!(f);
+/// #     loop {
+/// #         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+/// #             return v;
+/// #         }
+/// #         std::thread::park();
+/// #     }
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let sock = dir.path().join("agent.sock");
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen(&format!("unix://{}", sock.display()))?;
+/// # cfg.models.push(server::ModelConfig::new(
+/// #     "digits",
+/// #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+/// # ));
+/// # let _agent = server::Agent::start(cfg)?;
+/// # let uri = format!("unix://{}", sock.display());
+/// async fn two_at_once(uri: &str) -> Result<(), client::ClientError> {
+///     let c = Client::connect(uri)?;
+///     let model = c.model("digits")?;
+///     let x = vec![0f32; 64];
+///     let a = model.submit(&[TensorRef::from_slice(&[1, 64], &x)?])?;
+///     let b = model.submit(&[TensorRef::from_slice(&[1, 64], &x)?])?;
+///     let (a, b) = (a.await?, b.await?);
+///     assert_eq!(a.outputs[0].to_vec::<f32>()?, b.outputs[0].to_vec::<f32>()?);
+///     Ok(())
+/// }
+/// block_on(two_at_once(&uri))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "futures do nothing unless awaited; the request is already sent"]
 pub struct ResponseFuture {

@@ -30,10 +30,50 @@ use wire::{
 /// The longest a client waits for anything (100 years): a longer timeout
 /// is taken as this, so a deadline computed from it cannot overflow the
 /// clock.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, TensorRef, MAX_WAIT};
+/// use std::time::Duration;
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// let x = [0f32; 64];
+/// let ticket = c.model("identity")?.submit(&[TensorRef::from_slice(&[1, 64], &x)?])?;
+/// // "Forever": a longer wait is taken as MAX_WAIT, so no deadline overflows.
+/// assert!(Duration::MAX > MAX_WAIT);
+/// let response = ticket.wait_timeout(Duration::MAX)?;
+/// assert_eq!(response.outputs[0].shape, [1, 64]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAX_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// How a client connects and waits. (`Debug` shows whether a token is
 /// set, never the token.)
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, ClientOptions, Limits};
+/// use std::time::Duration;
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let opts = ClientOptions {
+///     timeout: Duration::from_secs(5),
+///     // Ask for at most 8 requests in flight (0 fields: the agent's limit).
+///     limits: Limits { max_in_flight: 8, ..ClientOptions::default().limits },
+///     token: Some("s3cret-token".into()),
+///     ..ClientOptions::default()
+/// };
+/// // Debug output never shows the token.
+/// assert!(!format!("{opts:?}").contains("s3cret"));
+/// let c = Client::connect_with("inproc://doc", opts)?;
+/// assert_eq!(c.limits().max_in_flight, 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct ClientOptions {
     /// How long a call waits for its response before [`ClientError::Timeout`].
@@ -122,6 +162,31 @@ enum Payload {
 /// user-space move is of the payload bytes that arrived in the 8 KiB header
 /// staging buffer (`staged_bytes`). Over `inproc://` the agent copies what
 /// it must (outputs that alias inputs), not the client.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, DType, TensorRef};
+/// # let dir = tempfile::tempdir()?;
+/// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("shm://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("shm://doc")?;
+/// let model = c.model("identity")?;
+/// // An ordinary slice is copied into the arena once...
+/// let x = [1f32; 256];
+/// model.infer(&[TensorRef::from_slice(&[256], &x)?])?;
+/// // ...a tensor allocated in the arena is not copied at all.
+/// let mut y = c.alloc_tensor(DType::F32, &[256])?;
+/// y.as_mut_slice::<f32>()?.fill(2.0);
+/// model.infer(&[y.as_ref()])?;
+/// let stats = c.copy_stats();
+/// assert_eq!(stats.requests, 2);
+/// assert_eq!(stats.input_bytes_copied, 1024);
+/// assert_eq!(stats.output_bytes_copied, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CopyStats {
     /// Input tensor bytes copied by the client (shm copy-in).
@@ -146,6 +211,26 @@ struct CopyCounters {
 
 /// The shape of a shared-memory session's arena, and how much of the
 /// client's region is free.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, DType};
+/// # let dir = tempfile::tempdir()?;
+/// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("shm://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("shm://doc")?;
+/// let info = c.shm_info().ok_or("not a shared-memory session")?;
+/// assert_eq!(info.client_free, info.client_len);
+/// let x = c.alloc_tensor(DType::U8, &[4096])?;
+/// let now = c.shm_info().ok_or("not a shared-memory session")?;
+/// assert!(now.client_free <= info.client_len - x.len());
+/// drop(x);
+/// assert_eq!(c.shm_info().map(|i| i.client_free), Some(info.client_len));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShmInfo {
     /// Bytes of the client's region (input tensors).
@@ -159,6 +244,26 @@ pub struct ShmInfo {
 }
 
 /// A model's outputs, with the agent's timeline when asked for.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, Stage, TensorRef};
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// let x = [1i64, 2, 3];
+/// let r = c.model("identity")?.infer_timed(&[TensorRef::from_slice(&[3], &x)?])?;
+/// assert_eq!(r.outputs.len(), 1);
+/// assert_eq!(r.outputs[0].to_vec::<i64>()?, x);
+/// // The agent's stamps and the client's, on the same clock.
+/// let t = r.timeline.ok_or("no timeline")?;
+/// assert!(r.client_start_ns <= t.get(Stage::Received));
+/// assert!(t.get(Stage::ResponseSent) <= r.client_done_ns);
+/// assert_eq!(r.input_mover, None); // only shm:// moves inputs itself
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Response {
     /// Outputs in the model's output order.
@@ -186,6 +291,23 @@ pub struct Response {
 }
 
 /// A model as listed by the agent.
+///
+/// # Examples
+///
+/// ```
+/// use client::Client;
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// let info = c
+///     .models()?
+///     .into_iter()
+///     .find(|m| m.signature.name == "identity")
+///     .ok_or("identity is always served")?;
+/// assert_eq!(c.model("identity")?.id(), info.id);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelInfo {
     /// The id requests use.
@@ -249,6 +371,32 @@ pub(crate) struct Inner {
 }
 
 /// A session with an agent. Cheap to clone; clones share the connection.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, TensorRef};
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// // Clones share the session: use one per thread.
+/// let threads: Vec<_> = (0..4u32)
+///     .map(|i| {
+///         let c = c.clone();
+///         std::thread::spawn(move || -> Result<Vec<u32>, client::ClientError> {
+///             let x = [i; 4];
+///             let r = c.model("identity")?.infer(&[TensorRef::from_slice(&[4], &x)?])?;
+///             r.outputs[0].to_vec()
+///         })
+///     })
+///     .collect();
+/// for (i, t) in threads.into_iter().enumerate() {
+///     let out = t.join().map_err(|_| "a thread panicked")??;
+///     assert_eq!(out, [i as u32; 4]);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
@@ -263,6 +411,24 @@ impl std::fmt::Debug for Client {
 /// A model resolved on a session: its id and signature, and what its
 /// requests ask of the agent's queue ([`with_priority`](Model::with_priority),
 /// [`with_queue_timeout`](Model::with_queue_timeout)).
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, TensorRef};
+/// use std::time::Duration;
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// let model = c
+///     .model("identity")?
+///     .with_queue_timeout(Duration::from_millis(100));
+/// let x = [0.5f32; 8];
+/// let r = model.infer(&[TensorRef::from_slice(&[2, 4], &x)?])?;
+/// assert_eq!(r.outputs[0].shape, [2, 4]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Model {
     client: Client,
@@ -275,6 +441,27 @@ pub struct Model {
 
 /// A request in flight. Wait for it with [`Ticket::wait`]; dropping it
 /// discards the response when it comes.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, TensorRef};
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// let model = c.model("identity")?;
+/// let inputs: Vec<[u8; 4]> = (0..8).map(|i| [i; 4]).collect();
+/// // Eight requests in flight on one session, then their answers.
+/// let mut tickets = Vec::new();
+/// for x in &inputs {
+///     tickets.push(model.submit(&[TensorRef::from_slice(&[4], x)?])?);
+/// }
+/// for (t, x) in tickets.into_iter().zip(&inputs) {
+///     assert_eq!(t.wait()?.outputs[0].bytes(), x);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use = "a ticket's response is discarded unless it is waited for"]
 pub struct Ticket {
     client: Client,
@@ -307,12 +494,52 @@ impl std::fmt::Debug for Ticket {
 
 impl Client {
     /// Connects to `uri` with default options.
+    ///
+    /// # Examples
+    ///
+    /// An agent embedded in this process, reached over `inproc://`:
+    ///
+    /// ```
+    /// use client::Client;
+    /// let mut cfg = server::AgentConfig::default();
+    /// cfg.add_listen("inproc://doc-agent")?;
+    /// let agent = server::Agent::start(cfg)?;
+    ///
+    /// let c = Client::connect("inproc://doc-agent")?;
+    /// assert_eq!(c.uri(), "inproc://doc-agent");
+    /// # drop(c);
+    /// # agent.shutdown(std::time::Duration::from_secs(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect(uri: &str) -> Result<Client, ClientError> {
         Client::connect_with(uri, ClientOptions::default())
     }
 
     /// Connects to `uri` and exchanges the session hello. Timeouts over
     /// [`MAX_WAIT`] are taken as `MAX_WAIT`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, ClientOptions, TensorRef};
+    /// use std::time::Duration;
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let opts = ClientOptions {
+    ///     timeout: Duration::from_secs(2),
+    ///     want_timeline: true, // every request brings back the agent's stamps
+    ///     ..ClientOptions::default()
+    /// };
+    /// let c = Client::connect_with("inproc://doc", opts)?;
+    /// let x = [7u8; 16];
+    /// let r = c.model("identity")?.infer(&[TensorRef::from_slice(&[16], &x)?])?;
+    /// assert!(r.timeline.is_some());
+    /// // A URI with no agent behind it is an error, not a hang.
+    /// let e = Client::connect_with("inproc://nobody-here", ClientOptions::default());
+    /// assert!(matches!(e, Err(client::ClientError::Connect(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect_with(uri: &str, mut opts: ClientOptions) -> Result<Client, ClientError> {
         opts.timeout = opts.timeout.min(MAX_WAIT);
         opts.connect_timeout = opts.connect_timeout.min(MAX_WAIT);
@@ -414,16 +641,69 @@ impl Client {
     }
 
     /// The endpoint this client is connected to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::Client;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let sock = dir.path().join("agent.sock");
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen(&format!("unix://{}", sock.display()))?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let uri = format!("unix://{}", sock.display());
+    /// let c = Client::connect(&uri)?;
+    /// assert_eq!(c.uri(), uri);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn uri(&self) -> &str {
         &self.inner.uri
     }
 
     /// The limits in force for this session.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, ClientOptions, Limits};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// // Asking for nothing gets the agent's limits...
+    /// let c = Client::connect("inproc://doc")?;
+    /// assert_eq!(c.limits(), Limits::default());
+    /// // ...asking for less gets less.
+    /// let asked = Limits { max_payload: 1 << 20, ..Limits::default() };
+    /// let opts = ClientOptions { limits: asked, ..ClientOptions::default() };
+    /// let small = Client::connect_with("inproc://doc", opts)?;
+    /// assert_eq!(small.limits().max_payload, 1 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn limits(&self) -> Limits {
         self.inner.limits
     }
 
     /// Looks a model up by name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, ClientError, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # cfg.models.push(server::ModelConfig::new(
+    /// #     "digits",
+    /// #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+    /// # ));
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let digits = c.model("digits")?;
+    /// let x = &digits.signature().inputs[0];
+    /// assert_eq!((x.name.as_str(), x.dtype), ("x", DType::F32));
+    /// assert_eq!(x.shape, [None, Some(64)]); // any batch of 64 pixels
+    /// assert!(matches!(c.model("no-such-model"), Err(ClientError::UnknownModel(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn model(&self, name: &str) -> Result<Model, ClientError> {
         if name.is_empty() || name.len() > wire::MAX_NAME_LEN {
             return Err(ClientError::UnknownModel(format!(
@@ -454,6 +734,26 @@ impl Client {
     /// does not know). For relays that forward requests whose model ids
     /// their own clients resolved on this session (the gateway); anyone
     /// else should use [`Client::model`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let id = c.model("identity")?.id();
+    /// // A relay got this id from its own client: no lookup, no signature.
+    /// let m = c.model_by_id(id);
+    /// assert!(m.signature().inputs.is_empty());
+    /// let x = [3u8; 8];
+    /// assert_eq!(m.infer(&[TensorRef::from_slice(&[8], &x)?])?.outputs[0].bytes(), x);
+    /// // An id the agent does not know is its answer, not the client's.
+    /// let none = c.model_by_id(9999).infer(&[TensorRef::from_slice(&[8], &x)?]);
+    /// assert!(matches!(none, Err(client::ClientError::UnknownModel(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn model_by_id(&self, id: u32) -> Model {
         Model {
             client: self.clone(),
@@ -478,6 +778,35 @@ impl Client {
     /// has validated the descriptors (the agent validates them again).
     /// Only on `unix://`, `tcp://` and `tls://` sessions; over `shm://`
     /// tensors travel in the arena ([`Client::alloc_tensor`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::Client;
+    /// use wire::{encode_tensor_section, DType, Header, Kind, TensorDesc};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let sock = dir.path().join("agent.sock");
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen(&format!("unix://{}", sock.display()))?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect(&format!("unix://{}", sock.display()))?;
+    /// let model = c.model("identity")?;
+    /// // A request as it arrived from a downstream client: header, descriptors,
+    /// // payload.
+    /// let payload = [1u8, 2, 3, 4];
+    /// let tensors = [TensorDesc { dtype: DType::U8, shape: vec![4], offset: 0, len: 4 }];
+    /// let mut desc = Vec::new();
+    /// encode_tensor_section(&tensors, None, &mut desc);
+    /// let mut h = Header::new(Kind::Request);
+    /// h.request_id = 77; // replaced by one of this session's ids
+    /// h.model_id = model.id();
+    /// h.tensor_count = 1;
+    /// h.desc_len = desc.len() as u32;
+    /// h.payload_len = payload.len() as u64;
+    /// let r = c.submit_encoded(&h, &desc, &payload)?.wait()?;
+    /// assert_eq!(r.outputs[0].bytes(), payload);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_encoded(
         &self,
         h: &Header,
@@ -521,6 +850,24 @@ impl Client {
     }
 
     /// Lists every model the agent serves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::Client;
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # cfg.models.push(server::ModelConfig::new(
+    /// #     "digits",
+    /// #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+    /// # ));
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let mut names: Vec<String> = c.models()?.into_iter().map(|m| m.signature.name).collect();
+    /// names.sort();
+    /// assert_eq!(names, ["digits", "identity"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn models(&self) -> Result<Vec<ModelInfo>, ClientError> {
         let f = self.inner.roundtrip(Header::new(Kind::ListModels), &[])?;
         expect_kind(&f, Kind::ModelList)?;
@@ -532,6 +879,19 @@ impl Client {
     }
 
     /// One Ping/Pong round trip; returns how long it took.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::Client;
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let rtt = c.ping()?; // an error if the agent does not answer in time
+    /// println!("empty round trip: {rtt:?}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn ping(&self) -> Result<Duration, ClientError> {
         let t = Instant::now();
         let f = self.inner.roundtrip(Header::new(Kind::Ping), &[])?;
@@ -540,6 +900,21 @@ impl Client {
     }
 
     /// Waits for a submitted request (same as [`Ticket::wait`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [1u16, 2, 3];
+    /// let ticket = c.model("identity")?.submit(&[TensorRef::from_slice(&[3], &x)?])?;
+    /// let r = c.wait(ticket)?;
+    /// assert_eq!(r.outputs[0].to_vec::<u16>()?, x);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait(&self, ticket: Ticket) -> Result<Response, ClientError> {
         ticket.wait()
     }
@@ -549,6 +924,28 @@ impl Client {
     /// session's arena, so sending it copies nothing (a full arena is
     /// [`ClientError::LimitExceeded`]); elsewhere it is an ordinary 64-byte
     /// aligned buffer, so the same code runs on every transport.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let dir = tempfile::tempdir()?;
+    /// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("shm://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("shm://doc")?;
+    /// let mut x = c.alloc_tensor(DType::F32, &[2, 3])?;
+    /// assert!(x.in_arena());
+    /// x.as_mut_slice::<f32>()?.copy_from_slice(&[1., 2., 3., 4., 5., 6.]);
+    /// let r = c.model("identity")?.infer(&[x.as_ref()])?;
+    /// assert_eq!(r.outputs[0].as_slice::<f32>()?, [1., 2., 3., 4., 5., 6.]);
+    /// assert_eq!(c.copy_stats().input_bytes_copied, 0); // read where it lay
+    /// // More than the session allows is refused before anything is allocated.
+    /// let huge = c.alloc_tensor(DType::F64, &[1 << 40]);
+    /// assert!(matches!(huge, Err(client::ClientError::LimitExceeded(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn alloc_tensor(&self, dtype: DType, shape: &[u64]) -> Result<TensorBuf, ClientError> {
         if shape.len() > MAX_DIMS {
             return Err(ClientError::InvalidInput(format!(
@@ -580,6 +977,23 @@ impl Client {
 
     /// Tensor bytes this client has copied in user space so far (see
     /// [`CopyStats`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let dir = tempfile::tempdir()?;
+    /// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("shm://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("shm://doc")?;
+    /// let x = [0u8; 100];
+    /// c.model("identity")?.infer(&[TensorRef::from_slice(&[100], &x)?])?;
+    /// let s = c.copy_stats();
+    /// assert_eq!((s.requests, s.input_bytes_copied), (1, 100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn copy_stats(&self) -> CopyStats {
         let s = &self.inner.stats;
         CopyStats {
@@ -594,6 +1008,29 @@ impl Client {
     /// session: `zero` for inputs sent where they lay in the arena, the
     /// others for inputs moved in (`shm://name?mover=...`; all zero on
     /// other transports, where the kernel moves the bytes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType, TensorRef};
+    /// use transport::mover::Mover;
+    /// # let dir = tempfile::tempdir()?;
+    /// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("shm://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// // Copy inputs with plain memcpy (the default, `auto`, asks the policy).
+    /// let c = Client::connect("shm://doc?mover=memcpy")?;
+    /// let model = c.model("identity")?;
+    /// let x = [0f32; 1024];
+    /// model.infer(&[TensorRef::from_slice(&[1024], &x)?])?;
+    /// let y = c.alloc_tensor(DType::F32, &[1024])?;
+    /// model.infer(&[y.as_ref()])?;
+    /// let m = c.mover_stats();
+    /// assert_eq!((m.copies_of(Mover::Memcpy), m.bytes_of(Mover::Memcpy)), (1, 4096));
+    /// assert_eq!((m.copies_of(Mover::Zero), m.bytes_of(Mover::Zero)), (1, 4096));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn mover_stats(&self) -> transport::mover::MoverStats {
         match &self.inner.link {
             Link::Shm(s) => s.mover_stats(),
@@ -603,6 +1040,23 @@ impl Client {
 
     /// The arena's regions and the client region's free space, on a
     /// `shm://` session (`None` on other transports).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::Client;
+    /// # let dir = tempfile::tempdir()?;
+    /// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("shm://doc")?;
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let info = Client::connect("shm://doc")?.shm_info().ok_or("not shm")?;
+    /// assert!(info.client_len > 0 && info.agent_len > 0);
+    /// assert_eq!(info.client_largest_free, info.client_len);
+    /// assert_eq!(Client::connect("inproc://doc")?.shm_info(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shm_info(&self) -> Option<ShmInfo> {
         match &self.inner.link {
             Link::Shm(s) => {
@@ -621,11 +1075,45 @@ impl Client {
 
 impl Model {
     /// The model's id on this session.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::Client;
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let id = c.model("identity")?.id();
+    /// assert!(c.models()?.iter().any(|m| m.id == id && m.signature.name == "identity"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn id(&self) -> u32 {
         self.info.id
     }
 
     /// The model's name, inputs and outputs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # cfg.models.push(server::ModelConfig::new(
+    /// #     "digits",
+    /// #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+    /// # ));
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let sig = c.model("digits")?.signature().clone();
+    /// assert_eq!(sig.name, "digits");
+    /// assert_eq!(sig.outputs[0].describe(), "float32[?, 10]");
+    /// // The client checks a request against it before sending anything.
+    /// assert!(sig.check_inputs([(DType::F32, &[1u64, 64][..])].into_iter()).is_ok());
+    /// assert!(sig.check_inputs([(DType::F64, &[1u64, 64][..])].into_iter()).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn signature(&self) -> &ModelSignature {
         &self.info.signature
     }
@@ -635,6 +1123,29 @@ impl Model {
     /// level. The agent serves higher levels first (with aging, so lower
     /// ones are not starved); a level the model does not have is refused
     /// (`InvalidInput`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, ClientError, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// let mut digits = server::ModelConfig::new(
+    ///     "digits",
+    ///     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+    /// );
+    /// digits.priority_levels = 2; // in the agent's config
+    /// # cfg.models.push(digits);
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [0f32; 64];
+    /// let urgent = c.model("digits")?.with_priority(1);
+    /// assert_eq!(urgent.infer(&[TensorRef::from_slice(&[1, 64], &x)?])?.outputs[0].shape, [1, 10]);
+    /// // A level the model does not have is refused.
+    /// let r = c.model("digits")?.with_priority(3).infer(&[TensorRef::from_slice(&[1, 64], &x)?]);
+    /// assert!(matches!(r, Err(ClientError::InvalidInput(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_priority(mut self, level: u8) -> Model {
         self.priority = level;
         self
@@ -647,6 +1158,23 @@ impl Model {
     /// Whole µs, rounded up, at most `u32::MAX` µs (~71 min; longer is cut
     /// to that). The client's own wait ([`ClientOptions::timeout`]) is
     /// separate and should be longer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// use std::time::Duration;
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// // Not worth computing if it cannot start within 20 ms (the answer would
+    /// // then be ClientError::QueueTimeout).
+    /// let model = c.model("identity")?.with_queue_timeout(Duration::from_millis(20));
+    /// let x = [1u8; 4];
+    /// assert_eq!(model.infer(&[TensorRef::from_slice(&[4], &x)?])?.outputs[0].bytes(), x);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_queue_timeout(mut self, timeout: Duration) -> Model {
         // A part of a µs counts as a whole one: it is not 0 (the default).
         let us = timeout.as_nanos().div_ceil(1000);
@@ -655,6 +1183,36 @@ impl Model {
     }
 
     /// Runs the model on `inputs` (in signature order) and waits for the outputs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # cfg.models.push(server::ModelConfig::new(
+    /// #     "digits",
+    /// #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+    /// # ));
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// # let read_f32 = |name: &str| -> std::io::Result<Vec<f32>> {
+    /// #     let path = format!("{}/../../models/build/{name}", env!("CARGO_MANIFEST_DIR"));
+    /// #     Ok(std::fs::read(path)?
+    /// #         .chunks_exact(4)
+    /// #         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    /// #         .collect())
+    /// # };
+    /// let c = Client::connect("inproc://doc")?;
+    /// let digits = c.model("digits")?;
+    /// // Four 8x8 images and the logits numpy computed for them.
+    /// let images = read_f32("digits_mlp_input.bin")?;
+    /// let expected = read_f32("digits_mlp_expected.bin")?;
+    /// let r = digits.infer(&[TensorRef::from_slice(&[4, 64], &images)?])?;
+    /// let logits: &[f32] = r.outputs[0].as_slice()?;
+    /// assert_eq!(r.outputs[0].shape, [4, 10]);
+    /// assert!(logits.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn infer(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
         let sent = self.send_request(inputs, self.client.inner.opts.want_timeline, true)?;
         let timeout = self.client.inner.opts.timeout;
@@ -665,6 +1223,25 @@ impl Model {
     /// whatever [`ClientOptions::want_timeline`] says: for callers that
     /// trace a sample of their requests (each timed request costs about ten
     /// clock reads, client and agent together).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, Stage, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?; // no want_timeline
+    /// let model = c.model("identity")?;
+    /// let x = [0u8; 64];
+    /// assert!(model.infer(&[TensorRef::from_slice(&[64], &x)?])?.timeline.is_none());
+    /// let r = model.infer_timed(&[TensorRef::from_slice(&[64], &x)?])?;
+    /// let t = r.timeline.ok_or("asked for")?;
+    /// let compute_ns = t.span(Stage::ComputeStart, Stage::ComputeEnd).ok_or("stamped")?;
+    /// let total_ns = r.client_done_ns - r.client_start_ns;
+    /// assert!(compute_ns <= total_ns);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn infer_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Response, ClientError> {
         let sent = self.send_request(inputs, true, true)?;
         let timeout = self.client.inner.opts.timeout;
@@ -677,6 +1254,24 @@ impl Model {
     /// output that aliases one) is sent where it lies, without a copy, and
     /// held until the response has come; any other input is copied into the
     /// session's arena once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let model = c.model("identity")?;
+    /// let (a, b) = ([1f32; 4], [2f32; 4]);
+    /// let ta = model.submit(&[TensorRef::from_slice(&[4], &a)?])?;
+    /// let tb = model.submit(&[TensorRef::from_slice(&[4], &b)?])?;
+    /// // Answers are matched by id, whatever order they are waited for in.
+    /// assert_eq!(tb.wait()?.outputs[0].to_vec::<f32>()?, b);
+    /// assert_eq!(ta.wait()?.outputs[0].to_vec::<f32>()?, a);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
         let sent = self.send_request(inputs, self.client.inner.opts.want_timeline, false)?;
         Ok(Ticket {
@@ -688,6 +1283,22 @@ impl Model {
 
     /// Like [`submit`](Self::submit), asking for this request's timeline
     /// whatever [`ClientOptions::want_timeline`] says.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, Stage, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [0u8; 8];
+    /// let t = c.model("identity")?.submit_timed(&[TensorRef::from_slice(&[8], &x)?])?;
+    /// let r = t.wait()?;
+    /// let timeline = r.timeline.ok_or("asked for")?;
+    /// assert!(timeline.get(Stage::Received) >= r.client_start_ns);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_timed(&self, inputs: &[TensorRef<'_>]) -> Result<Ticket, ClientError> {
         let sent = self.send_request(inputs, true, false)?;
         Ok(Ticket {
@@ -847,11 +1458,43 @@ impl Ticket {
     }
 
     /// The request id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let model = c.model("identity")?;
+    /// let x = [0u8; 4];
+    /// let a = model.submit(&[TensorRef::from_slice(&[4], &x)?])?;
+    /// let b = model.submit(&[TensorRef::from_slice(&[4], &x)?])?;
+    /// assert_ne!(a.id(), b.id());
+    /// # drop((a.wait()?, b.wait()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn id(&self) -> u64 {
         self.sent.id
     }
 
     /// Waits for this request's response (at most the client's timeout).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [5i32; 3];
+    /// let ticket = c.model("identity")?.submit(&[TensorRef::from_slice(&[3], &x)?])?;
+    /// // ... other work while the agent computes ...
+    /// assert_eq!(ticket.wait()?.outputs[0].to_vec::<i32>()?, x);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait(self) -> Result<Response, ClientError> {
         let timeout = self.client.inner.opts.timeout;
         self.wait_timeout(timeout)
@@ -860,6 +1503,26 @@ impl Ticket {
     /// Waits at most `timeout` (at most [`MAX_WAIT`]) for this request's
     /// response. On [`ClientError::Timeout`] the request is given up like a
     /// dropped ticket: its response is discarded when it comes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// use std::time::Duration;
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [1u8; 4];
+    /// let ticket = c.model("identity")?.submit(&[TensorRef::from_slice(&[4], &x)?])?;
+    /// match ticket.wait_timeout(Duration::from_secs(1)) {
+    ///     Ok(r) => assert_eq!(r.outputs[0].bytes(), x),
+    ///     // Given up: the answer is discarded when it comes.
+    ///     Err(client::ClientError::Timeout(after)) => println!("no answer in {after:?}"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait_timeout(mut self, timeout: Duration) -> Result<Response, ClientError> {
         let timeout = timeout.min(MAX_WAIT);
         self.waited = true;

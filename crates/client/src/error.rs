@@ -5,6 +5,27 @@ use thiserror::Error;
 use wire::Status;
 
 /// Why a client call failed.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, ClientError, TensorRef};
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # cfg.models.push(server::ModelConfig::new(
+/// #     "digits",
+/// #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+/// # ));
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// let digits = c.model("digits")?;
+/// let wrong = [0f32; 63]; // the model takes 64 pixels
+/// match digits.infer(&[TensorRef::from_slice(&[1, 63], &wrong)?]) {
+///     Err(ClientError::InvalidInput(why)) => assert!(why.contains("input 'x'")),
+///     other => panic!("expected InvalidInput, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Error)]
 pub enum ClientError {
     /// The endpoint is malformed or could not be reached.

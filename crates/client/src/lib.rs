@@ -2,14 +2,31 @@
 //! name, and run them — one call at a time ([`Model::infer`]) or many in
 //! flight on one connection ([`Model::submit`] then [`Ticket::wait`]).
 //!
-//! ```no_run
+//! # Examples
+//!
+//! A program that embeds the agent (`server::Agent`) and calls it over
+//! `inproc://`; against an agent in another process only the URI changes
+//! (`unix:///run/tensorwire.sock`, `tcp://127.0.0.1:7070`, `shm://agent`):
+//!
+//! ```
 //! use client::{Client, TensorRef};
-//! let c = Client::connect("unix:///tmp/tensorwire.sock")?;
+//! let mut cfg = server::AgentConfig::default();
+//! cfg.add_listen("inproc://agent")?;
+//! cfg.models.push(server::ModelConfig::new(
+//!     "digits",
+//!     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+//! ));
+//! let agent = server::Agent::start(cfg)?;
+//!
+//! let c = Client::connect("inproc://agent")?;
 //! let model = c.model("digits")?;
 //! let x = vec![0f32; 64];
 //! let out = model.infer(&[TensorRef::from_slice(&[1, 64], &x)?])?;
 //! let logits: Vec<f32> = out.outputs[0].to_vec()?;
-//! # Ok::<(), client::ClientError>(())
+//! assert_eq!(logits.len(), 10);
+//! # drop(c);
+//! agent.shutdown(std::time::Duration::from_secs(1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Over sockets, requests go out as one vectored write straight from the
@@ -27,8 +44,17 @@
 //! every transport ([`TensorBuf`] is an ordinary buffer elsewhere), and
 //! [`Client::copy_stats`] counts what the client did copy.
 //!
-//! ```no_run
+//! ```
 //! use client::{Client, DType};
+//! # let dir = tempfile::tempdir()?;
+//! # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+//! # let mut cfg = server::AgentConfig::default();
+//! # cfg.add_listen("shm://agent")?;
+//! # cfg.models.push(server::ModelConfig::new(
+//! #     "digits",
+//! #     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+//! # ));
+//! # let _agent = server::Agent::start(cfg)?;
 //! let c = Client::connect("shm://agent")?;
 //! let model = c.model("digits")?;
 //! let mut x = c.alloc_tensor(DType::F32, &[1, 64])?;
@@ -36,8 +62,8 @@
 //! let out = model.infer(&[x.as_ref()])?;
 //! let logits: &[f32] = out.outputs[0].as_slice()?;
 //! assert_eq!(c.copy_stats().input_bytes_copied, 0);
-//! # let _ = logits;
-//! # Ok::<(), client::ClientError>(())
+//! assert_eq!(logits.len(), 10);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod completion;

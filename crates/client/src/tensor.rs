@@ -9,6 +9,20 @@ use std::sync::Arc;
 use wire::{AlignedBuf, DType, PooledBuf, TensorDesc};
 
 /// Rust element types with a tensorwire dtype.
+///
+/// # Examples
+///
+/// ```
+/// use client::{DType, Element, TensorRef};
+/// // Generic code over any element type a tensor can hold.
+/// fn row<'a, T: Element>(shape: &'a [u64], data: &'a [T]) -> Result<TensorRef<'a>, client::ClientError> {
+///     TensorRef::from_slice(shape, data)
+/// }
+/// assert_eq!(f32::DTYPE, DType::F32);
+/// assert_eq!(half::f16::DTYPE, DType::F16);
+/// assert_eq!(row(&[1, 4], &[1i64, 2, 3, 4])?.dtype, DType::I64);
+/// # Ok::<(), client::ClientError>(())
+/// ```
 pub trait Element: bytemuck::Pod {
     /// The matching dtype.
     const DTYPE: DType;
@@ -22,6 +36,16 @@ element!(f32 => F32, f64 => F64, i8 => I8, i16 => I16, i32 => I32, i64 => I64,
          half::f16 => F16, half::bf16 => BF16);
 
 /// An input tensor borrowed from the caller: sent without being copied.
+///
+/// # Examples
+///
+/// ```
+/// use client::{DType, TensorRef};
+/// let pixels = vec![0.25f32; 3 * 224 * 224];
+/// let image = TensorRef::from_slice(&[1, 3, 224, 224], &pixels)?;
+/// assert_eq!((image.dtype, image.data.len()), (DType::F32, 4 * 3 * 224 * 224));
+/// # Ok::<(), client::ClientError>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct TensorRef<'a> {
     /// Element type.
@@ -34,6 +58,18 @@ pub struct TensorRef<'a> {
 
 impl<'a> TensorRef<'a> {
     /// A tensor over raw bytes; checks the length matches dtype and shape.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{DType, TensorRef};
+    /// let bytes = [0u8; 8];
+    /// let t = TensorRef::new(DType::F16, &[2, 2], &bytes)?;
+    /// assert_eq!(t.shape, [2, 2]);
+    /// // The length must match dtype and shape.
+    /// assert!(TensorRef::new(DType::F32, &[2, 2], &bytes).is_err());
+    /// # Ok::<(), client::ClientError>(())
+    /// ```
     pub fn new(
         dtype: DType,
         shape: &'a [u64],
@@ -51,6 +87,17 @@ impl<'a> TensorRef<'a> {
     }
 
     /// A tensor over a typed slice.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{DType, TensorRef};
+    /// let ids = [101i64, 2023, 102];
+    /// let t = TensorRef::from_slice(&[1, 3], &ids)?;
+    /// assert_eq!((t.dtype, t.data.len()), (DType::I64, 24));
+    /// assert!(TensorRef::from_slice(&[1, 4], &ids).is_err());
+    /// # Ok::<(), client::ClientError>(())
+    /// ```
     pub fn from_slice<T: Element>(
         shape: &'a [u64],
         data: &'a [T],
@@ -78,6 +125,22 @@ impl TensorBytes for PooledBuf {
 /// shares with the other outputs of the same response (sockets, in-process),
 /// or in the session's shared-memory arena (`shm://`), where it holds the
 /// memory it views until it is dropped.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, DType, TensorRef};
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("inproc://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("inproc://doc")?;
+/// let x = [1.5f64, -2.0];
+/// let r = c.model("identity")?.infer(&[TensorRef::from_slice(&[1, 2], &x)?])?;
+/// let out = &r.outputs[0];
+/// assert_eq!((out.dtype, out.shape.as_slice()), (DType::F64, &[1, 2][..]));
+/// assert_eq!(out.as_slice::<f64>()?, x);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Tensor {
     /// Element type.
@@ -114,16 +177,64 @@ impl Tensor {
     }
 
     /// The raw bytes (little-endian, C order, 64-byte aligned).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [0x0102u16];
+    /// let r = c.model("identity")?.infer(&[TensorRef::from_slice(&[1], &x)?])?;
+    /// assert_eq!(r.outputs[0].bytes(), [0x02, 0x01]); // little-endian
+    /// assert_eq!(r.outputs[0].bytes().as_ptr() as usize % 64, 0); // aligned
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bytes(&self) -> &[u8] {
         self.buf.bytes().get(self.range.clone()).unwrap_or(&[])
     }
 
     /// The elements as a typed slice, borrowed in place.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [1f32, 2.0, 3.0];
+    /// let r = c.model("identity")?.infer(&[TensorRef::from_slice(&[3], &x)?])?;
+    /// let y: &[f32] = r.outputs[0].as_slice()?; // borrowed in place, no copy
+    /// assert_eq!(y, x);
+    /// // Asking for another element type is an error, not a reinterpretation.
+    /// assert!(r.outputs[0].as_slice::<i32>().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_slice<T: Element>(&self) -> Result<&[T], ClientError> {
         typed(self.dtype, self.bytes())
     }
 
     /// The elements copied into a `Vec`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = [7u32, 8, 9];
+    /// let r = c.model("identity")?.infer(&[TensorRef::from_slice(&[3], &x)?])?;
+    /// let owned: Vec<u32> = r.outputs[0].to_vec()?;
+    /// drop(r); // the copy outlives the response
+    /// assert_eq!(owned, x);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, ClientError> {
         self.as_slice().map(<[T]>::to_vec)
     }
@@ -131,6 +242,24 @@ impl Tensor {
     /// This output as an input to another request (no copy on any
     /// transport: over `shm://` an output that aliases an input allocation
     /// is sent in place again).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, TensorRef};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let model = c.model("identity")?;
+    /// let x = [4i8; 6];
+    /// let first = model.infer(&[TensorRef::from_slice(&[2, 3], &x)?])?;
+    /// // One model's output straight in as the next request's input.
+    /// let second = model.infer(&[first.outputs[0].as_ref()])?;
+    /// assert_eq!(second.outputs[0].to_vec::<i8>()?, x);
+    /// assert_eq!(second.outputs[0].shape, [2, 3]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_ref(&self) -> TensorRef<'_> {
         TensorRef {
             dtype: self.dtype,
@@ -186,6 +315,30 @@ enum Store {
 ///
 /// A fresh arena allocation holds whatever its range last held (zeroes the
 /// first time): overwrite all of it.
+///
+/// # Examples
+///
+/// ```
+/// use client::{Client, DType};
+/// # let dir = tempfile::tempdir()?;
+/// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+/// # let mut cfg = server::AgentConfig::default();
+/// # cfg.add_listen("shm://doc")?;
+/// # let _agent = server::Agent::start(cfg)?;
+/// let c = Client::connect("shm://doc")?;
+/// let model = c.model("identity")?;
+/// let mut x = c.alloc_tensor(DType::F32, &[4])?;
+/// x.as_mut_slice::<f32>()?.copy_from_slice(&[1., 2., 3., 4.]);
+/// let r = model.infer(&[x.as_ref()])?;
+/// // The identity model's output is the input itself: it stays read-only
+/// // while the output lives...
+/// assert!(x.try_as_mut_bytes().is_none());
+/// assert_eq!(r.outputs[0].as_slice::<f32>()?, [1., 2., 3., 4.]);
+/// drop(r);
+/// // ...and writable again once it is gone.
+/// x.as_mut_slice::<f32>()?.fill(0.0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct TensorBuf {
     dtype: DType,
     shape: Vec<u64>,
@@ -228,32 +381,111 @@ impl TensorBuf {
     }
 
     /// Element type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// assert_eq!(c.alloc_tensor(DType::BF16, &[8])?.dtype(), DType::BF16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// Dimensions.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// assert_eq!(c.alloc_tensor(DType::U8, &[2, 3, 4])?.shape(), [2, 3, 4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shape(&self) -> &[u64] {
         &self.shape
     }
 
     /// Length in bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// assert_eq!(c.alloc_tensor(DType::F64, &[2, 3])?.len(), 48);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// True for a tensor of zero bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// assert!(c.alloc_tensor(DType::F32, &[0, 10])?.is_empty());
+    /// assert!(!c.alloc_tensor(DType::F32, &[1, 10])?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// True when the bytes live in a shared-memory arena (sent without a copy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let dir = tempfile::tempdir()?;
+    /// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("shm://doc")?;
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// assert!(Client::connect("shm://doc")?.alloc_tensor(DType::U8, &[64])?.in_arena());
+    /// assert!(!Client::connect("inproc://doc")?.alloc_tensor(DType::U8, &[64])?.in_arena());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn in_arena(&self) -> bool {
         matches!(self.store, Store::Arena(_))
     }
 
     /// The tensor, to pass to [`Model::infer`](crate::Model::infer) or
     /// [`Model::submit`](crate::Model::submit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let mut x = c.alloc_tensor(DType::I32, &[3])?;
+    /// x.as_mut_slice::<i32>()?.copy_from_slice(&[1, 2, 3]);
+    /// let r = c.model("identity")?.infer(&[x.as_ref()])?;
+    /// assert_eq!(r.outputs[0].to_vec::<i32>()?, [1, 2, 3]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_ref(&self) -> TensorRef<'_> {
         TensorRef {
             dtype: self.dtype,
@@ -263,6 +495,20 @@ impl TensorBuf {
     }
 
     /// The bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let mut x = c.alloc_tensor(DType::U16, &[2])?;
+    /// x.as_mut_slice::<u16>()?.copy_from_slice(&[1, 256]);
+    /// assert_eq!(x.bytes(), [1, 0, 0, 1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bytes(&self) -> &[u8] {
         match &self.store {
             Store::Arena(a) => &a.bytes()[..self.len],
@@ -272,6 +518,26 @@ impl TensorBuf {
 
     /// The bytes, writable — `None` while a request in flight or an output
     /// still shares them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let dir = tempfile::tempdir()?;
+    /// # std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("shm://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("shm://doc")?;
+    /// let mut x = c.alloc_tensor(DType::U8, &[4])?;
+    /// x.try_as_mut_bytes().ok_or("not shared yet")?.copy_from_slice(&[1, 2, 3, 4]);
+    /// let ticket = c.model("identity")?.submit(&[x.as_ref()])?;
+    /// // In flight: the agent may be reading it.
+    /// assert!(x.try_as_mut_bytes().is_none());
+    /// drop(ticket.wait()?); // answered, and the aliasing output dropped
+    /// assert!(x.try_as_mut_bytes().is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_as_mut_bytes(&mut self) -> Option<&mut [u8]> {
         let len = self.len;
         match &mut self.store {
@@ -294,6 +560,20 @@ impl TensorBuf {
     /// The bytes, writable. Panics while a request in flight or an output
     /// (e.g. the identity model's, which aliases its input) still shares
     /// them; see [`TensorBuf::try_as_mut_bytes`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let mut x = c.alloc_tensor(DType::U8, &[3])?;
+    /// x.as_mut_bytes().copy_from_slice(b"abc");
+    /// assert_eq!(x.bytes(), b"abc");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_mut_bytes(&mut self) -> &mut [u8] {
         self.try_as_mut_bytes().expect(
             "TensorBuf is shared with a request in flight or an output that aliases it: \
@@ -302,12 +582,40 @@ impl TensorBuf {
     }
 
     /// The elements as a typed slice.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let x = c.alloc_tensor(DType::F32, &[4])?;
+    /// assert_eq!(x.as_slice::<f32>()?, [0.0; 4]); // a heap buffer starts zeroed
+    /// assert!(x.as_slice::<u32>().is_err()); // not its dtype
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_slice<T: Element>(&self) -> Result<&[T], ClientError> {
         typed(self.dtype, self.bytes())
     }
 
     /// The elements as a typed, writable slice (an error while the buffer
     /// is shared; see [`TensorBuf::try_as_mut_bytes`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use client::{Client, DType};
+    /// # let mut cfg = server::AgentConfig::default();
+    /// # cfg.add_listen("inproc://doc")?;
+    /// # let _agent = server::Agent::start(cfg)?;
+    /// let c = Client::connect("inproc://doc")?;
+    /// let mut x = c.alloc_tensor(DType::I64, &[1, 4])?;
+    /// x.as_mut_slice::<i64>()?.copy_from_slice(&[101, 7592, 2088, 102]);
+    /// assert_eq!(x.as_slice::<i64>()?[1], 7592);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], ClientError> {
         let dtype = self.dtype;
         let bytes = self.try_as_mut_bytes().ok_or_else(|| {

@@ -3,6 +3,17 @@
 use thiserror::Error;
 
 /// Why a model could not be loaded or run.
+///
+/// # Examples
+///
+/// ```
+/// use engine::{EngineError, OrtBackend, OrtOptions};
+/// let e = OrtBackend::load("m", "no/such/model.onnx".as_ref(), &OrtOptions::default());
+/// match e {
+///     Err(EngineError::Load { path, .. }) => assert_eq!(path, "no/such/model.onnx"),
+///     other => panic!("expected a load error, got {other:?}"),
+/// }
+/// ```
 #[derive(Debug, Error)]
 pub enum EngineError {
     /// The inputs do not fit the model's signature.

@@ -8,6 +8,19 @@ use crate::{Backend, EngineError, Output, OutputData, TensorView};
 use wire::{DType, ModelSignature};
 
 /// Returns its inputs as outputs, aliased (no copy).
+///
+/// # Examples
+///
+/// ```
+/// use engine::{Backend, DType, IdentityBackend, OutputData, TensorView};
+/// let id = IdentityBackend::new();
+/// let a = [1u8, 2, 3];
+/// let x = TensorView::new(DType::U8, &[3], &a);
+/// let out = id.run(&[x])?;
+/// assert!(matches!(out[0].data, OutputData::Input(0))); // aliased, not copied
+/// assert_eq!(out[0].bytes(&[x]), a);
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 #[derive(Debug)]
 pub struct IdentityBackend {
     signature: ModelSignature,
@@ -15,15 +28,38 @@ pub struct IdentityBackend {
 
 impl IdentityBackend {
     /// The name every agent serves it under.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::IdentityBackend;
+    /// assert_eq!(IdentityBackend::NAME, "identity");
+    /// ```
     pub const NAME: &'static str = "identity";
 
     /// A new identity backend. Its signature lists no tensors: it accepts any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{Backend, DType, IdentityBackend};
+    /// let id = IdentityBackend::new();
+    /// assert!(id.signature().inputs.is_empty()); // takes anything
+    /// assert!(id.check_inputs(&[(DType::Bool, &[7, 7]), (DType::F64, &[])]).is_ok());
+    /// ```
     pub fn new() -> IdentityBackend {
         IdentityBackend::named(Self::NAME)
     }
 
     /// An identity backend served under another name (tests of the
     /// registry and of model loading use it as a model that needs no file).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{Backend, IdentityBackend};
+    /// assert_eq!(IdentityBackend::named("echo").signature().name, "echo");
+    /// ```
     pub fn named(name: &str) -> IdentityBackend {
         IdentityBackend {
             signature: ModelSignature {

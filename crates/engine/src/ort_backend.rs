@@ -42,9 +42,32 @@ use crate::{
 
 /// Whether intra-op threads spin after a run unless told otherwise
 /// ([`OrtOptions::intra_spinning`]).
+///
+/// # Examples
+///
+/// ```
+/// use engine::{OrtOptions, DEFAULT_INTRA_SPINNING};
+/// assert_eq!(OrtOptions::default().intra_spinning, DEFAULT_INTRA_SPINNING);
+/// ```
 pub const DEFAULT_INTRA_SPINNING: bool = true;
 
 /// How a model is loaded into ONNX Runtime.
+///
+/// # Examples
+///
+/// ```
+/// use engine::{OrtBackend, OrtOptions};
+/// let opts = OrtOptions {
+///     intra_threads: 1,
+///     intra_spinning: false, // leave the cores to others between runs
+///     sessions: 2,           // two runs of this model at once
+///     ..OrtOptions::default()
+/// };
+/// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+/// let digits = OrtBackend::load("digits", path.as_ref(), &opts)?;
+/// assert_eq!(digits.session_count(), 2);
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OrtOptions {
     /// Threads one run may use inside an operator (ONNX Runtime's intra-op
@@ -92,6 +115,30 @@ enum DimSource {
 
 /// A model loaded into ONNX Runtime. Runs from several threads at once use
 /// up to [`OrtOptions::sessions`] sessions in parallel and queue beyond that.
+///
+/// # Examples
+///
+/// ```
+/// use engine::{Backend, DType, OrtBackend, OrtOptions, TensorView};
+/// use std::sync::Arc;
+/// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+/// let digits = Arc::new(OrtBackend::load("digits", path.as_ref(), &OrtOptions::default())?);
+/// // Loaded once, run from several threads.
+/// let runs: Vec<_> = (0..2)
+///     .map(|_| {
+///         let digits = digits.clone();
+///         std::thread::spawn(move || {
+///             let pixels = [0f32; 64];
+///             let x = TensorView::new(DType::F32, &[1, 64], bytemuck::cast_slice(&pixels));
+///             digits.run(&[x]).map(|out| out[0].shape.clone())
+///         })
+///     })
+///     .collect();
+/// for r in runs {
+///     assert_eq!(r.join().map_err(|_| "panicked")??, [1, 10]);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct OrtBackend {
     signature: ModelSignature,
     path: PathBuf,
@@ -127,6 +174,19 @@ impl OrtBackend {
     /// not a model ONNX Runtime accepts; [`EngineError::Unsupported`]
     /// (naming the tensor) if an input or output is not a tensor of a dtype
     /// tensorwire carries (strings, sequences, maps, ...).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{Backend, DType, OrtBackend, OrtOptions};
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+    /// let digits = OrtBackend::load("digits", path.as_ref(), &OrtOptions::default())?;
+    /// let sig = digits.signature();
+    /// assert_eq!(sig.name, "digits");
+    /// assert_eq!((sig.inputs[0].name.as_str(), sig.inputs[0].dtype), ("x", DType::F32));
+    /// assert_eq!(sig.outputs[0].describe(), "float32[?, 10]");
+    /// # Ok::<(), engine::EngineError>(())
+    /// ```
     pub fn load(name: &str, path: &Path, opts: &OrtOptions) -> Result<OrtBackend, EngineError> {
         let load_err = |reason: String| EngineError::Load {
             path: path.display().to_string(),
@@ -201,11 +261,31 @@ impl OrtBackend {
     }
 
     /// The model file this backend was loaded from.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{OrtBackend, OrtOptions};
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+    /// let digits = OrtBackend::load("digits", path.as_ref(), &OrtOptions::default())?;
+    /// assert_eq!(digits.path(), std::path::Path::new(path));
+    /// # Ok::<(), engine::EngineError>(())
+    /// ```
     pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// How many ONNX Runtime sessions (concurrent runs) this backend has.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{OrtBackend, OrtOptions};
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+    /// let opts = OrtOptions { sessions: 0, ..OrtOptions::default() }; // 0 counts as 1
+    /// assert_eq!(OrtBackend::load("digits", path.as_ref(), &opts)?.session_count(), 1);
+    /// # Ok::<(), engine::EngineError>(())
+    /// ```
     pub fn session_count(&self) -> usize {
         self.sessions.len()
     }
@@ -213,12 +293,33 @@ impl OrtBackend {
     /// Whether runs write outputs straight into their final buffers (true
     /// when every output's shape can be told from the inputs' and this was
     /// not switched off); otherwise outputs are copied once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{OrtBackend, OrtOptions};
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+    /// let digits = OrtBackend::load("digits", path.as_ref(), &OrtOptions::default())?;
+    /// assert!(digits.preallocates_outputs()); // [batch, 10] follows from the input
+    /// # Ok::<(), engine::EngineError>(())
+    /// ```
     pub fn preallocates_outputs(&self) -> bool {
         self.output_plan.is_some() && self.preallocate.load(Ordering::Relaxed)
     }
 
     /// Switches writing outputs in place on or off (on by default where
     /// possible), e.g. to measure what it saves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{OrtBackend, OrtOptions};
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+    /// let digits = OrtBackend::load("digits", path.as_ref(), &OrtOptions::default())?;
+    /// digits.set_preallocate_outputs(false); // measure the copy it saves
+    /// assert!(!digits.preallocates_outputs());
+    /// # Ok::<(), engine::EngineError>(())
+    /// ```
     pub fn set_preallocate_outputs(&self, on: bool) {
         self.preallocate.store(on, Ordering::Relaxed);
     }

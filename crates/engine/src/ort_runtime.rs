@@ -17,9 +17,29 @@ use ort::environment::{Environment, GlobalThreadPoolOptions};
 use crate::EngineError;
 
 /// The environment variable that names the library explicitly.
+///
+/// # Examples
+///
+/// ```
+/// use engine::{find_onnxruntime, ORT_DYLIB_ENV};
+/// // Set, it names the library; unset, the venv of scripts/setup.sh is searched.
+/// assert_eq!(ORT_DYLIB_ENV, "ORT_DYLIB_PATH");
+/// let lib = find_onnxruntime()?;
+/// assert!(lib.exists());
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 pub const ORT_DYLIB_ENV: &str = "ORT_DYLIB_PATH";
 
 /// What was loaded.
+///
+/// # Examples
+///
+/// ```
+/// let info = engine::init_onnxruntime(None)?;
+/// println!("ONNX Runtime {} from {}", info.version, info.path.display());
+/// assert_eq!(info.global_intra_threads, None);
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrtRuntimeInfo {
     /// The shared library's path.
@@ -55,6 +75,14 @@ const VENV_PATTERN: &str = ".venv/lib/python3*/site-packages/onnxruntime/capi/li
 /// (b) the repository this crate was compiled in, (c) the current directory
 /// and each of its ancestors. The error says what was searched and how to
 /// fix it (run `scripts/setup.sh`, or set `ORT_DYLIB_PATH`).
+///
+/// # Examples
+///
+/// ```
+/// let lib = engine::find_onnxruntime()?;
+/// assert!(lib.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so")));
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 pub fn find_onnxruntime() -> Result<PathBuf, EngineError> {
     if let Some(p) = std::env::var_os(ORT_DYLIB_ENV).filter(|p| !p.is_empty()) {
         let path = PathBuf::from(p);
@@ -155,6 +183,19 @@ fn name_starts_with(name: &OsStr, prefix: &str) -> bool {
 /// calls return the same [`OrtRuntimeInfo`] whatever they pass (look at its
 /// `global_intra_threads` to see what is in force). A failed call changes
 /// nothing, so it can be retried.
+///
+/// # Examples
+///
+/// ```
+/// use engine::{init_onnxruntime, onnxruntime_info};
+/// // One pool of two intra-op threads shared by every model of this process.
+/// let info = init_onnxruntime(Some(2))?;
+/// assert_eq!(info.global_intra_threads, Some(2));
+/// // The first call decides.
+/// assert_eq!(init_onnxruntime(None)?, info);
+/// assert_eq!(onnxruntime_info(), Some(info));
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 pub fn init_onnxruntime(
     global_intra_threads: Option<usize>,
 ) -> Result<OrtRuntimeInfo, EngineError> {
@@ -162,6 +203,17 @@ pub fn init_onnxruntime(
 }
 
 /// What [`init_onnxruntime`] loaded, or `None` if nothing is loaded yet.
+///
+/// # Examples
+///
+/// ```
+/// use engine::{onnxruntime_info, OrtBackend, OrtOptions};
+/// assert_eq!(onnxruntime_info(), None); // nothing loaded yet
+/// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+/// OrtBackend::load("digits", path.as_ref(), &OrtOptions::default())?;
+/// assert!(onnxruntime_info().is_some());
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 pub fn onnxruntime_info() -> Option<OrtRuntimeInfo> {
     RUNTIME.get().map(|r| r.info.clone())
 }

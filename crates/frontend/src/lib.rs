@@ -49,6 +49,34 @@
 //! metrics-only [`MetricsListener`]), [`model_config`] (Triton's
 //! `config.pbtxt`) and [`repository`] (the model repository and its
 //! load/unload control).
+//!
+//! # Examples
+//!
+//! An embedded agent with a KServe v2 HTTP door, asked for its health and
+//! a model's metadata over plain HTTP/1.1, then stopped in order:
+//!
+//! ```
+//! use frontend::{DoorsConfig, FrontDoors};
+//! use std::io::{Read, Write};
+//! use std::time::Duration;
+//! let agent = server::Agent::start(server::AgentConfig::default())?;
+//! let doors = FrontDoors::start(
+//!     agent.core().clone(),
+//!     DoorsConfig { http: vec!["http://127.0.0.1:0".into()], ..DoorsConfig::default() },
+//! )?;
+//! let uri = doors.uris()[0].to_string(); // http://127.0.0.1:PORT
+//! let get = |path: &str| -> std::io::Result<String> {
+//!     let mut s = std::net::TcpStream::connect(uri.trim_start_matches("http://"))?;
+//!     write!(s, "GET {path} HTTP/1.1\r\nHost: doc\r\nConnection: close\r\n\r\n")?;
+//!     let mut answer = String::new();
+//!     s.read_to_string(&mut answer)?;
+//!     Ok(answer)
+//! };
+//! assert!(get("/v2/health/ready")?.starts_with("HTTP/1.1 200"));
+//! assert!(get("/v2/models/identity")?.contains(r#""name":"identity""#));
+//! assert_eq!(doors.shutdown_with(agent, Duration::from_secs(5)), 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod accept;
 mod access;

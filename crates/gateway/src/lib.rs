@@ -21,16 +21,31 @@
 //! by the agent's own front doors running in the gateway over remote
 //! models ([`kserve`]): decoded once, sent on as native requests.
 //!
-//! ```no_run
+//! ```
 //! use gateway::{Gateway, GatewayOptions};
 //! use transport::Endpoint;
+//! # let dir = std::env::temp_dir().join(format!("tw-gateway-doc-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # std::env::set_var("TENSORWIRE_SHM_DIR", &dir);
+//! // The agent, listening on shm:// only (here in this process).
+//! let mut cfg = server::AgentConfig::default();
+//! cfg.add_listen("shm://agent")?;
+//! let agent = server::Agent::start(cfg)?;
+//!
 //! let gw = Gateway::start(
-//!     &[Endpoint::parse("tcp://127.0.0.1:7070")?],
+//!     &[Endpoint::parse("tcp://127.0.0.1:0")?],
 //!     "shm://agent",
 //!     GatewayOptions::default(),
 //! )?;
-//! println!("relaying {:?}", gw.endpoints());
+//! let remote = gw.endpoints()[0].to_string(); // tcp://127.0.0.1:PORT
+//! let c = client::Client::connect(&remote)?;
+//! let x = [1u8, 2, 3];
+//! let r = c.model("identity")?.infer(&[client::TensorRef::from_slice(&[3], &x)?])?;
+//! assert_eq!(r.outputs[0].bytes(), x);
+//! drop(c);
 //! gw.shutdown();
+//! agent.shutdown(std::time::Duration::from_secs(5));
+//! # std::fs::remove_dir_all(&dir)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -31,6 +31,25 @@
 //! hours. This crate's parser accepts only the tiny literal NumPy writes and
 //! is linear in the header length (bounded by [`MAX_HEADER_LEN`]); the test
 //! `nested_brackets_are_refused_at_once` keeps it so.
+//!
+//! # Examples
+//!
+//! Outputs saved for NumPy, and read back:
+//!
+//! ```
+//! use npy::{read_npy, write_npy};
+//! use wire::DType;
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("out.npy");
+//! let logits = [0.5f32, -1.0, 2.0];
+//! let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+//! write_npy(&path, DType::F32, &[1, 3], &bytes)?;
+//!
+//! let a = read_npy(&path)?;
+//! assert_eq!((a.dtype, a.shape.as_slice()), (DType::F32, &[1, 3][..]));
+//! assert_eq!(&a.data[..], &bytes[..]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
@@ -42,9 +61,35 @@ use wire::{AlignedBuf, DType};
 const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 /// The largest header (the dictionary text and its padding) accepted on read.
+///
+/// # Examples
+///
+/// ```
+/// use npy::{read_npy, NpyError, MAX_HEADER_LEN};
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("big-header.npy");
+/// // A version 2.0 header that claims to be longer than MAX_HEADER_LEN.
+/// let mut bytes = b"\x93NUMPY\x02\x00".to_vec();
+/// bytes.extend_from_slice(&(MAX_HEADER_LEN as u32 + 64).to_le_bytes());
+/// std::fs::write(&path, &bytes)?;
+/// assert!(matches!(read_npy(&path), Err(NpyError::Invalid { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAX_HEADER_LEN: usize = 64 * 1024;
 
 /// The most dimensions accepted (NumPy's own limit, `NPY_MAXDIMS`).
+///
+/// # Examples
+///
+/// ```
+/// use npy::{write_npy, NpyError, MAX_NDIM};
+/// use wire::DType;
+/// let dir = tempfile::tempdir()?;
+/// let shape = vec![1u64; MAX_NDIM + 1];
+/// let r = write_npy(&dir.path().join("deep.npy"), DType::U8, &shape, &[0]);
+/// assert!(matches!(r, Err(NpyError::Unsupported { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAX_NDIM: usize = 64;
 
 /// NumPy aligns the start of the data to this many bytes.
@@ -55,6 +100,20 @@ const ARRAY_ALIGN: usize = 64;
 const GROWTH_AXIS_MAX_DIGITS: usize = 21;
 
 /// An array read from a `.npy` file.
+///
+/// # Examples
+///
+/// ```
+/// use npy::{read_npy, write_npy};
+/// use wire::DType;
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("scalar.npy");
+/// write_npy(&path, DType::F64, &[], &2.5f64.to_le_bytes())?;
+/// let a = read_npy(&path)?;
+/// assert_eq!((a.dtype, a.shape.len(), a.data.len()), (DType::F64, 0, 8));
+/// assert_eq!(a.data.as_ptr() as usize % 64, 0); // aligned, ready to send
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct NpyArray {
     /// Element type.
@@ -67,6 +126,22 @@ pub struct NpyArray {
 }
 
 /// Why a `.npy` file could not be read or written. Every variant names the file.
+///
+/// # Examples
+///
+/// ```
+/// use npy::{read_npy, NpyError};
+/// let dir = tempfile::tempdir()?;
+/// let missing = dir.path().join("missing.npy");
+/// match read_npy(&missing) {
+///     Err(e @ NpyError::Io { .. }) => assert!(e.to_string().contains("missing.npy")),
+///     other => panic!("expected an I/O error, got {other:?}"),
+/// }
+/// let text = dir.path().join("not-numpy.npy");
+/// std::fs::write(&text, "hello")?;
+/// assert!(matches!(read_npy(&text), Err(NpyError::Invalid { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     /// The file could not be opened, read, created or written.
@@ -150,6 +225,29 @@ struct Header {
 /// error naming the file if it is not a valid `.npy` file, if its dtype,
 /// byte order or memory order is not supported, or if the data is shorter or
 /// longer than the header says.
+///
+/// # Examples
+///
+/// ```
+/// use npy::read_npy;
+/// use wire::DType;
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("logits.npy");
+/// // What `numpy.save("logits.npy", np.arange(6, dtype=np.float32).reshape(2, 3))`
+/// // writes:
+/// let mut file = b"\x93NUMPY\x01\x00\x76\x00".to_vec();
+/// let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+/// file.extend_from_slice(format!("{dict:<117}\n").as_bytes());
+/// for x in 0..6 {
+///     file.extend_from_slice(&(x as f32).to_le_bytes());
+/// }
+/// std::fs::write(&path, &file)?;
+///
+/// let a = read_npy(&path)?;
+/// assert_eq!((a.dtype, a.shape.as_slice()), (DType::F32, &[2, 3][..]));
+/// assert_eq!(&a.data[20..24], 5f32.to_le_bytes());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn read_npy(path: &Path) -> Result<NpyArray, NpyError> {
     let mut file = File::open(path).map_err(|e| NpyError::io(path, e))?;
     // Only a regular file has a length worth checking up front; pipes and
@@ -257,6 +355,25 @@ pub fn read_npy(path: &Path) -> Result<NpyArray, NpyError> {
 /// 64-byte boundary. Fails if `data.len()` is not `product(shape) *
 /// dtype.size()`, if the shape has more than [`MAX_NDIM`] dimensions, or for
 /// [`DType::BF16`], which NumPy has no standard code for.
+///
+/// # Examples
+///
+/// ```
+/// use npy::{read_npy, write_npy};
+/// use wire::DType;
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("ids.npy");
+/// let ids: Vec<u8> = [101i64, 2023, 102].iter().flat_map(|i| i.to_le_bytes()).collect();
+/// write_npy(&path, DType::I64, &[1, 3], &ids)?;
+/// // numpy.load reads it; so does read_npy.
+/// let back = read_npy(&path)?;
+/// assert_eq!((back.dtype, back.shape), (DType::I64, vec![1, 3]));
+/// assert_eq!(&back.data[..], &ids[..]);
+/// assert_eq!(std::fs::metadata(&path)?.len(), 128 + 24); // data on a 64-byte boundary
+/// // The bytes must match dtype and shape.
+/// assert!(write_npy(&path, DType::I64, &[1, 4], &ids).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn write_npy(path: &Path, dtype: DType, shape: &[u64], data: &[u8]) -> Result<(), NpyError> {
     let descr = descr_of(dtype).ok_or_else(|| {
         NpyError::unsupported(

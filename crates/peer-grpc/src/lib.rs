@@ -22,6 +22,25 @@
 //! the same names and field numbers): one copy of the proto. This peer
 //! implements `ServerLive`, `ModelMetadata` and `ModelInfer` (raw contents
 //! only); the other RPCs answer UNIMPLEMENTED.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::sync::Arc;
+//! use engine::{Backend, DType, IdentityBackend, TensorView};
+//! use peer_grpc::{Client, Server};
+//! let identity: Arc<dyn Backend> = Arc::new(IdentityBackend::new());
+//! let server = Server::start("tcp://127.0.0.1:0", vec![("identity".into(), identity)])?;
+//! let mut client = Client::connect(server.uri())?;
+//! let data = [1u8; 16];
+//! let req = client.prepare("identity", &[TensorView::new(DType::F32, &[4], &data)]);
+//! let outputs = client.call_outputs(&req)?;
+//! assert_eq!((outputs[0].dtype, outputs[0].shape.as_slice()), (DType::F32, &[4][..]));
+//! assert_eq!(&outputs[0].data[..], &data[..]);
+//! drop(client);
+//! server.shutdown();
+//! # Ok::<(), peer_grpc::PeerError>(())
+//! ```
 
 mod client;
 mod server;

@@ -24,7 +24,7 @@
 //! close the listening socket. `?nodelay=0` is the configuration vAccel
 //! shipped (`tcp://` through ttrpc's own `bind`, Nagle on).
 //!
-//! ```no_run
+//! ```
 //! use std::sync::Arc;
 //! use engine::{Backend, DType, IdentityBackend, TensorView};
 //! use peer_ttrpc::{Client, Server};

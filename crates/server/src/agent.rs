@@ -39,6 +39,20 @@ use transport::{Endpoint, Listener, ListenerWaker, PeerId, StreamConn, Transport
 use wire::Status;
 
 /// Why an agent could not start.
+///
+/// # Examples
+///
+/// ```
+/// use server::{Agent, AgentConfig, AgentError, ModelConfig};
+/// let mut cfg = AgentConfig::default();
+/// cfg.models.push(ModelConfig::new("m", "no/such/model.onnx"));
+/// match Agent::start(cfg) {
+///     Err(e @ AgentError::Engine(_)) => assert!(e.to_string().contains("no/such/model.onnx")),
+///     other => panic!("expected a load error, got {other:?}"),
+/// }
+/// let bad = AgentConfig { intra_threads: 0, ..AgentConfig::default() };
+/// assert!(matches!(Agent::start(bad), Err(AgentError::Config(_))));
+/// ```
 #[derive(Debug, Error)]
 pub enum AgentError {
     /// The configuration is unusable.
@@ -62,6 +76,24 @@ pub enum AgentError {
 }
 
 /// Counters describing a running agent.
+///
+/// # Examples
+///
+/// ```
+/// use server::{Agent, AgentConfig};
+/// # let dir = tempfile::tempdir()?;
+/// # let sock = dir.path().join("agent.sock");
+/// let mut cfg = AgentConfig::default();
+/// cfg.add_listen(&format!("unix://{}", sock.display()))?;
+/// let agent = Agent::start(cfg)?;
+/// let c = client::Client::connect(&format!("unix://{}", sock.display()))?;
+/// let x = [0u8; 16];
+/// c.model("identity")?.infer(&[client::TensorRef::from_slice(&[16], &x)?])?;
+/// let s = agent.stats();
+/// assert_eq!((s.connections, s.accepted, s.responses), (1, 1, 1));
+/// assert_eq!(s.in_flight, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AgentStats {
     /// Connections open now.
@@ -116,6 +148,26 @@ pub struct AgentStats {
 }
 
 /// A running agent.
+///
+/// # Examples
+///
+/// ```
+/// use server::{Agent, AgentConfig, ModelConfig};
+/// use std::time::Duration;
+/// let mut cfg = AgentConfig::default();
+/// cfg.add_listen("tcp://127.0.0.1:0")?; // port 0: any free port
+/// cfg.models.push(ModelConfig::new("digits", concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx")));
+/// let agent = Agent::start(cfg)?;
+/// let uri = agent.endpoints()[0].to_string(); // the real port
+///
+/// let c = client::Client::connect(&uri)?;
+/// let x = [0f32; 64];
+/// let r = c.model("digits")?.infer(&[client::TensorRef::from_slice(&[1, 64], &x)?])?;
+/// assert_eq!(r.outputs[0].shape, [1, 10]);
+/// drop(c);
+/// assert_eq!(agent.shutdown(Duration::from_secs(5)), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Agent {
     core: Arc<AgentCore>,
     conns: Arc<ConnTable>,
@@ -141,6 +193,30 @@ impl Agent {
     /// [`core`](Self::core) with `frontend::FrontDoors` (as `serve` and the
     /// Python agent do); a config that still holds some is refused rather
     /// than silently not served.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::{Agent, AgentConfig};
+    /// let cfg = AgentConfig::from_toml(r#"
+    ///     listen = ["inproc://embedded"]
+    ///     [[model]]
+    ///     name = "digits"
+    ///     path = "../../models/build/digits_mlp.onnx"
+    ///     concurrency = 2
+    /// "#)?;
+    /// # let mut cfg = cfg;
+    /// # cfg.models[0].path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx").into();
+    /// let agent = Agent::start(cfg)?;
+    /// let names = agent.core().registry.names();
+    /// assert_eq!(names, ["identity", "digits"]);
+    /// // Front doors are the frontend crate's: a config that names one is refused.
+    /// let mut doors = AgentConfig::default();
+    /// doors.add_listen("http://127.0.0.1:0")?;
+    /// assert!(Agent::start(doors).is_err());
+    /// # drop(agent);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start(cfg: AgentConfig) -> Result<Agent, AgentError> {
         cfg.validate()?;
         let registry = ModelRegistry::load(&cfg)?;
@@ -149,6 +225,26 @@ impl Agent {
 
     /// Starts an agent serving an already built registry (for embedding and
     /// tests with custom backends).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::IdentityBackend;
+    /// use server::{Agent, AgentConfig, ModelRegistry};
+    /// use std::sync::Arc;
+    /// // Any engine::Backend can be served: here a second identity called "echo".
+    /// let mut registry = ModelRegistry::with_identity();
+    /// registry.add(Arc::new(IdentityBackend::named("echo")), 4);
+    /// let mut cfg = AgentConfig::default();
+    /// cfg.add_listen("inproc://custom")?;
+    /// let _agent = Agent::with_registry(cfg, registry)?;
+    ///
+    /// let c = client::Client::connect("inproc://custom")?;
+    /// let x = [1u8, 2, 3];
+    /// let r = c.model("echo")?.infer(&[client::TensorRef::from_slice(&[3], &x)?])?;
+    /// assert_eq!(r.outputs[0].bytes(), x);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_registry(cfg: AgentConfig, registry: ModelRegistry) -> Result<Agent, AgentError> {
         cfg.validate()?;
         if !cfg.front_doors.is_empty() {
@@ -275,16 +371,61 @@ impl Agent {
 
     /// The endpoints listened on (TCP port 0 resolved to the real port;
     /// `shm://name` as given).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::{Agent, AgentConfig};
+    /// use transport::Endpoint;
+    /// let mut cfg = AgentConfig::default();
+    /// cfg.add_listen("tcp://127.0.0.1:0")?;
+    /// cfg.add_listen("inproc://named")?;
+    /// let agent = Agent::start(cfg)?;
+    /// match &agent.endpoints()[0] {
+    ///     Endpoint::Tcp { addr, .. } => assert!(!addr.ends_with(":0")),
+    ///     other => panic!("expected tcp, got {other}"),
+    /// }
+    /// assert_eq!(agent.endpoints()[1].to_string(), "inproc://named");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints
     }
 
     /// The shared core (models, counters).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::{Agent, AgentConfig};
+    /// let agent = Agent::start(AgentConfig::default())?; // no listener: nothing to call it yet
+    /// let core = agent.core();
+    /// assert!(core.registry.find("identity").is_some());
+    /// assert_eq!(core.limits, AgentConfig::default().limits);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn core(&self) -> &Arc<AgentCore> {
         &self.core
     }
 
     /// Current counters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::{Agent, AgentConfig};
+    /// let mut cfg = AgentConfig::default();
+    /// cfg.add_listen("inproc://counted")?;
+    /// let agent = Agent::start(cfg)?;
+    /// let c = client::Client::connect("inproc://counted")?;
+    /// let x = [0u8; 4];
+    /// let m = c.model("identity")?;
+    /// for _ in 0..3 {
+    ///     m.infer(&[client::TensorRef::from_slice(&[4], &x)?])?;
+    /// }
+    /// assert_eq!(agent.stats().responses, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stats(&self) -> AgentStats {
         let open = self.conns.counts();
         let t = &self.conns;
@@ -316,6 +457,24 @@ impl Agent {
     /// Shuts down: stops accepting, refuses new requests, waits up to
     /// `grace` for in-flight requests, closes every connection, removes
     /// socket files. Returns the number of requests still unfinished.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::{Agent, AgentConfig};
+    /// use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let sock = dir.path().join("agent.sock");
+    /// let mut cfg = AgentConfig::default();
+    /// cfg.add_listen(&format!("unix://{}", sock.display()))?;
+    /// let agent = Agent::start(cfg)?;
+    /// let c = client::Client::connect(&format!("unix://{}", sock.display()))?;
+    /// let unfinished = agent.shutdown(Duration::from_secs(5));
+    /// assert_eq!(unfinished, 0);
+    /// assert!(!sock.exists()); // the socket file is removed
+    /// assert!(c.ping().is_err()); // and the session closed
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shutdown(mut self, grace: Duration) -> usize {
         self.shutdown_inner(grace)
     }

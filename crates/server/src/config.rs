@@ -95,6 +95,17 @@ use wire::Limits;
 pub const MAX_SPIN_US: u64 = 10_000;
 
 /// A configuration that cannot be used.
+///
+/// # Examples
+///
+/// ```
+/// use server::{AgentConfig, ConfigError};
+/// let e = AgentConfig::from_toml("listen = [\"ftp://x\"]").unwrap_err();
+/// assert!(matches!(e, ConfigError::Invalid(_)));
+/// assert!(e.to_string().contains("unknown scheme 'ftp'"));
+/// let e = AgentConfig::from_file("no/such/agent.toml".as_ref()).unwrap_err();
+/// assert!(matches!(e, ConfigError::Read { .. }));
+/// ```
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
@@ -119,6 +130,18 @@ pub enum ConfigError {
 }
 
 /// One model to serve.
+///
+/// # Examples
+///
+/// ```
+/// use server::{AgentConfig, ModelConfig};
+/// let mut digits = ModelConfig::new("digits", "models/build/digits_mlp.onnx");
+/// digits.max_batch = 16;
+/// digits.max_queue_delay_us = 500;
+/// let cfg = AgentConfig { models: vec![digits], ..AgentConfig::default() };
+/// cfg.validate()?;
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
@@ -173,6 +196,14 @@ fn one() -> usize {
 
 impl ModelConfig {
     /// `name` served from `path` with every other setting at its default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelConfig;
+    /// let m = ModelConfig::new("digits", "models/build/digits_mlp.onnx");
+    /// assert_eq!((m.concurrency, m.max_batch, m.priority_levels), (1, 1, 1));
+    /// ```
     pub fn new(name: impl Into<String>, path: impl Into<PathBuf>) -> ModelConfig {
         ModelConfig {
             name: name.into(),
@@ -192,6 +223,18 @@ impl ModelConfig {
     /// Parses `NAME=PATH[;KEY=VALUE...]` (the `--model` flag): the keys
     /// are those of a `[[model]]` table, each value in TOML syntax
     /// (`max_batch=16;max_queue_delay_us=500;preferred_batch_sizes=[4,8]`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelConfig;
+    /// let m = ModelConfig::parse_flag("digits=models/build/digits_mlp.onnx;max_batch=16;preferred_batch_sizes=[4,8]")?;
+    /// assert_eq!(m.name, "digits");
+    /// assert_eq!((m.max_batch, m.preferred_batch_sizes.clone()), (16, vec![4, 8]));
+    /// assert!(ModelConfig::parse_flag("digits.onnx").is_err()); // no NAME=
+    /// assert!(ModelConfig::parse_flag("d=d.onnx;colour=blue").is_err()); // unknown key
+    /// # Ok::<(), server::ConfigError>(())
+    /// ```
     pub fn parse_flag(s: &str) -> Result<ModelConfig, ConfigError> {
         let mut parts = s.split(';');
         let first = parts.next().unwrap_or_default();
@@ -234,6 +277,20 @@ impl ModelConfig {
     }
 
     /// Its batching settings (checked by [`AgentConfig::validate`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelConfig;
+    /// use std::time::Duration;
+    /// let mut m = ModelConfig::new("digits", "digits.onnx");
+    /// m.max_batch = 8;
+    /// m.max_queue_delay_us = 250;
+    /// m.preferred_batch_sizes = vec![8, 4, 4];
+    /// let p = m.batch_policy();
+    /// assert_eq!((p.max_batch, p.max_queue_delay), (8, Duration::from_micros(250)));
+    /// assert_eq!(p.preferred, [4, 8]); // sorted, deduplicated
+    /// ```
     pub fn batch_policy(&self) -> BatchPolicy {
         let mut preferred = self.preferred_batch_sizes.clone();
         preferred.sort_unstable();
@@ -246,6 +303,19 @@ impl ModelConfig {
     }
 
     /// Its queue's policy (checked by [`AgentConfig::validate`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelConfig;
+    /// use std::time::Duration;
+    /// let mut m = ModelConfig::new("digits", "digits.onnx");
+    /// m.priority_levels = 3;
+    /// m.queue_timeout_ms = 50;
+    /// let q = m.queue_policy();
+    /// assert_eq!(q.default_priority, 3); // none named: the lowest level
+    /// assert_eq!(q.default_timeout, Some(Duration::from_millis(50)));
+    /// ```
     pub fn queue_policy(&self) -> QueuePolicy {
         QueuePolicy {
             max_queue: self.max_queue,
@@ -349,6 +419,16 @@ struct ConfigFile {
 /// Reads an on/off switch as a flag gives it (`on`/`off`, also
 /// `true`/`false`, `1`/`0`, any case); anything else is refused with an
 /// error naming the value and what is accepted.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::parse_switch;
+/// assert!(parse_switch("ON")?);
+/// assert!(!parse_switch("0")?);
+/// assert!(parse_switch("maybe").is_err());
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 pub fn parse_switch(s: &str) -> Result<bool, ConfigError> {
     match s.trim().to_ascii_lowercase().as_str() {
         "on" | "true" | "1" => Ok(true),
@@ -360,6 +440,23 @@ pub fn parse_switch(s: &str) -> Result<bool, ConfigError> {
 }
 
 /// Everything an agent needs to start.
+///
+/// # Examples
+///
+/// ```
+/// use server::AgentConfig;
+/// use std::time::Duration;
+/// let mut cfg = AgentConfig {
+///     intra_threads: 1,
+///     idle_timeout: Some(Duration::from_secs(300)),
+///     ..AgentConfig::default()
+/// };
+/// cfg.add_listen("unix:///run/tensorwire.sock")?;
+/// cfg.add_listen("shm://agent")?;
+/// cfg.validate()?;
+/// assert_eq!(cfg.listen.len(), 2);
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     /// Endpoints to listen on (`inproc://name` registers an in-process agent).
@@ -509,6 +606,24 @@ impl Default for AgentConfig {
 
 impl AgentConfig {
     /// Reads a TOML file on top of the defaults.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::AgentConfig;
+    /// let dir = tempfile::tempdir()?;
+    /// let file = dir.path().join("agent.toml");
+    /// std::fs::write(&file, r#"
+    /// listen = ["tcp://127.0.0.1:7070"]
+    /// [[model]]
+    /// name = "digits"
+    /// path = "digits_mlp.onnx"
+    /// "#)?;
+    /// let cfg = AgentConfig::from_file(&file)?;
+    /// // Paths in a file are relative to the file.
+    /// assert_eq!(cfg.models[0].path, dir.path().join("digits_mlp.onnx"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_file(path: &Path) -> Result<AgentConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -546,6 +661,23 @@ impl AgentConfig {
     }
 
     /// Parses TOML text on top of the defaults.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::AgentConfig;
+    /// let cfg = AgentConfig::from_toml(r#"
+    ///     listen = ["unix:///tmp/tw.sock", "grpc://127.0.0.1:8001"]
+    ///     intra_threads = 4
+    ///     [limits]
+    ///     max_in_flight = 32
+    /// "#)?;
+    /// assert_eq!((cfg.intra_threads, cfg.limits.max_in_flight), (4, 32));
+    /// assert_eq!(cfg.front_doors, ["grpc://127.0.0.1:8001"]);
+    /// assert_eq!(cfg.inter_threads, AgentConfig::default().inter_threads); // not given
+    /// assert!(AgentConfig::from_toml("intra_thread = 4").is_err()); // misspelt
+    /// # Ok::<(), server::ConfigError>(())
+    /// ```
     pub fn from_toml(text: &str) -> Result<AgentConfig, ConfigError> {
         let f: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::from("<text>"),
@@ -617,6 +749,19 @@ impl AgentConfig {
     /// Adds one `listen` URI: an endpoint of the agent's own to
     /// [`listen`](Self::listen), a KServe front door to
     /// [`front_doors`](Self::front_doors) ([`parse_listen`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::AgentConfig;
+    /// let mut cfg = AgentConfig::default();
+    /// cfg.add_listen("tcp://127.0.0.1:7070")?;
+    /// cfg.add_listen("http://127.0.0.1:8000")?; // a KServe front door
+    /// assert_eq!(cfg.listen.len(), 1);
+    /// assert_eq!(cfg.front_doors, ["http://127.0.0.1:8000"]);
+    /// assert!(cfg.add_listen("udp://127.0.0.1:1").is_err());
+    /// # Ok::<(), server::ConfigError>(())
+    /// ```
     pub fn add_listen(&mut self, uri: &str) -> Result<(), ConfigError> {
         match parse_listen(uri)? {
             Listen::Endpoint(ep) => self.listen.push(ep),
@@ -626,6 +771,16 @@ impl AgentConfig {
     }
 
     /// The arena sizes of a shared-memory session.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::AgentConfig;
+    /// let cfg = AgentConfig { shm_client_bytes: 8 << 20, ..AgentConfig::default() };
+    /// let sizes = cfg.shm_sizes();
+    /// assert_eq!(sizes.client_len, 8 << 20);
+    /// assert_eq!(sizes.ring_capacity, cfg.shm_ring_slots);
+    /// ```
     pub fn shm_sizes(&self) -> ShmSizes {
         ShmSizes {
             ring_capacity: self.shm_ring_slots,
@@ -640,6 +795,16 @@ impl AgentConfig {
     }
 
     /// Checks that every setting is usable; call before starting an agent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::AgentConfig;
+    /// assert!(AgentConfig::default().validate().is_ok());
+    /// let bad = AgentConfig { intra_threads: 0, ..AgentConfig::default() };
+    /// let e = bad.validate().unwrap_err();
+    /// assert!(e.to_string().contains("intra_threads"));
+    /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.intra_threads == 0 || self.intra_threads > 256 {
@@ -820,6 +985,16 @@ impl AgentConfig {
 
 /// Whether `host:port` (or `[v6]:port`, or a bare host) names this machine
 /// only: `localhost`, 127.0.0.0/8, ::1.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::is_loopback;
+/// assert!(is_loopback("127.0.0.1:7070"));
+/// assert!(is_loopback("[::1]:7070"));
+/// assert!(is_loopback("localhost"));
+/// assert!(!is_loopback("0.0.0.0:7070"));
+/// ```
 pub fn is_loopback(hostport: &str) -> bool {
     let host = match hostport.rsplit_once(':') {
         Some((h, port)) if !port.contains(']') => h,
@@ -835,6 +1010,17 @@ pub fn is_loopback(hostport: &str) -> bool {
 /// The agent's TLS files from their three settings: none, or a
 /// certificate with its key (and optionally a client CA); anything else is
 /// refused, naming what is missing.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::tls_files;
+/// assert!(tls_files(None, None, None)?.is_none());
+/// let files = tls_files(Some("agent.pem".into()), Some("agent.key".into()), None)?;
+/// assert!(files.is_some_and(|f| f.client_ca.is_none()));
+/// assert!(tls_files(Some("agent.pem".into()), None, None).is_err()); // no key
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 pub fn tls_files(
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
@@ -858,11 +1044,29 @@ pub fn tls_files(
 }
 
 /// True for a front door that speaks TLS (`grpcs://`, `https://`).
+///
+/// # Examples
+///
+/// ```
+/// use server::config::is_tls_front_door;
+/// assert!(is_tls_front_door("grpcs://0.0.0.0:8001"));
+/// assert!(!is_tls_front_door("http://127.0.0.1:8000"));
+/// ```
 pub fn is_tls_front_door(uri: &str) -> bool {
     uri.starts_with("grpcs://") || uri.starts_with("https://")
 }
 
 /// Parses permission bits written in octal (`"0660"`, `"660"`, `"0o660"`).
+///
+/// # Examples
+///
+/// ```
+/// use server::config::parse_mode;
+/// assert_eq!(parse_mode("0660")?, 0o660);
+/// assert_eq!(parse_mode("0o600")?, 0o600);
+/// assert!(parse_mode("rw-rw----").is_err());
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 pub fn parse_mode(s: &str) -> Result<u32, ConfigError> {
     let digits = s.trim_start_matches("0o");
     u32::from_str_radix(digits, 8)
@@ -876,6 +1080,15 @@ pub fn parse_mode(s: &str) -> Result<u32, ConfigError> {
 }
 
 /// Parses an endpoint URI into a config error on failure.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::parse_endpoint;
+/// assert_eq!(parse_endpoint("shm://agent")?.to_string(), "shm://agent");
+/// assert!(parse_endpoint("tcp://no-port").is_err());
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 pub fn parse_endpoint(s: &str) -> Result<Endpoint, ConfigError> {
     Endpoint::parse(s).map_err(|e| ConfigError::Invalid(e.to_string()))
 }
@@ -884,12 +1097,28 @@ pub fn parse_endpoint(s: &str) -> Result<Endpoint, ConfigError> {
 /// (`grpc://HOST:PORT`, `http://HOST:PORT`, and over TLS `grpcs://`,
 /// `https://`); served by the frontend crate,
 /// not by this one.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::FRONT_DOOR_SCHEMES;
+/// assert!(FRONT_DOOR_SCHEMES.contains(&"grpc"));
+/// ```
 pub const FRONT_DOOR_SCHEMES: [&str; 4] = ["grpc", "http", "grpcs", "https"];
 
 /// The schemes of the agent's own endpoints ([`Endpoint`]).
 const ENDPOINT_SCHEMES: [&str; 6] = ["inproc", "unix", "tcp", "tls", "shm", "vsock"];
 
 /// One entry of a `listen` list, sorted by its scheme.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::{parse_listen, Listen};
+/// assert!(matches!(parse_listen("unix:///tmp/a.sock")?, Listen::Endpoint(_)));
+/// assert_eq!(parse_listen("grpc://127.0.0.1:8001")?, Listen::FrontDoor("grpc://127.0.0.1:8001".into()));
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listen {
     /// An endpoint the agent serves itself (`unix://`, `tcp://`, `shm://`,
@@ -905,6 +1134,19 @@ pub enum Listen {
 /// ([`FRONT_DOOR_SCHEMES`]) is kept as given, anything else must parse as
 /// an [`Endpoint`]. An unknown scheme is refused with an error naming the
 /// URI and every scheme there is.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::{parse_listen, Listen};
+/// match parse_listen("tcp://127.0.0.1:7070")? {
+///     Listen::Endpoint(ep) => assert_eq!(ep.to_string(), "tcp://127.0.0.1:7070"),
+///     Listen::FrontDoor(uri) => panic!("{uri} is not a front door"),
+/// }
+/// let e = parse_listen("ws://127.0.0.1:1").unwrap_err();
+/// assert!(e.to_string().contains("grpc://")); // names the schemes there are
+/// # Ok::<(), server::ConfigError>(())
+/// ```
 pub fn parse_listen(uri: &str) -> Result<Listen, ConfigError> {
     match uri.split_once("://") {
         Some((scheme, _)) if FRONT_DOOR_SCHEMES.contains(&scheme) => {

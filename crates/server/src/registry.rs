@@ -24,6 +24,18 @@ use std::sync::{Arc, Mutex};
 use wire::ModelSignature;
 
 /// One served model.
+///
+/// # Examples
+///
+/// ```
+/// use server::{AgentConfig, ModelConfig, ModelRegistry};
+/// let cfg = AgentConfig { models: vec![ModelConfig::new("digits", concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"))], ..AgentConfig::default() };
+/// let registry = ModelRegistry::load(&cfg)?;
+/// let digits = registry.find("digits").ok_or("not loaded")?;
+/// assert_eq!((digits.version, digits.outputs_in_place), (1, true));
+/// assert_eq!(digits.stats.snapshot().success.count, 0); // nothing served yet
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ModelEntry {
     /// The model's id on the wire.
     pub id: u32,
@@ -48,6 +60,16 @@ pub struct ModelEntry {
 
 impl ModelEntry {
     /// The model's signature (name, inputs, outputs).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelRegistry;
+    /// let registry = ModelRegistry::with_identity();
+    /// let entry = registry.get(0).ok_or("identity is id 0")?;
+    /// assert_eq!(entry.signature().name, "identity");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn signature(&self) -> &ModelSignature {
         self.backend.signature()
     }
@@ -61,6 +83,24 @@ impl std::fmt::Debug for ModelEntry {
 
 /// A model to add: its backend, how many runs may execute at once, its
 /// version, and whether its backend writes outputs in place.
+///
+/// # Examples
+///
+/// ```
+/// use engine::IdentityBackend;
+/// use server::{BatchPolicy, ModelRegistry, NewModel, QueuePolicy};
+/// use std::sync::Arc;
+/// let registry = ModelRegistry::with_identity();
+/// let id = registry.install(NewModel {
+///     backend: Arc::new(IdentityBackend::named("echo")),
+///     concurrency: 2,
+///     version: 3,
+///     outputs_in_place: false,
+///     policy: QueuePolicy { max_queue: 100, ..QueuePolicy::default() },
+///     batching: BatchPolicy::default(),
+/// });
+/// assert_eq!(registry.get(id).map(|m| m.version), Some(3));
+/// ```
 #[derive(Clone)]
 pub struct NewModel {
     /// The loaded backend.
@@ -87,6 +127,20 @@ struct Table {
 }
 
 /// All served models; see the module documentation.
+///
+/// # Examples
+///
+/// ```
+/// use engine::IdentityBackend;
+/// use server::ModelRegistry;
+/// use std::sync::Arc;
+/// let mut registry = ModelRegistry::with_identity();
+/// let echo = registry.add(Arc::new(IdentityBackend::named("echo")), 1);
+/// assert_eq!(registry.find("echo").map(|m| m.id), Some(echo));
+/// // Unloaded: its id is never reused, so old clients cannot reach another model.
+/// registry.remove("echo");
+/// assert!(registry.get(echo).is_none());
+/// ```
 pub struct ModelRegistry {
     table: ArcSwap<Table>,
     /// Serialises writers (each copies the table, changes it, publishes).
@@ -110,6 +164,15 @@ impl std::fmt::Debug for ModelRegistry {
 
 impl ModelRegistry {
     /// A registry holding only `identity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelRegistry;
+    /// let r = ModelRegistry::with_identity();
+    /// assert_eq!(r.names(), ["identity"]);
+    /// assert_eq!(r.find("identity").map(|m| m.id), Some(0));
+    /// ```
     pub fn with_identity() -> ModelRegistry {
         let mut r = ModelRegistry::default();
         r.add(Arc::new(IdentityBackend::new()), usize::MAX >> 1);
@@ -118,6 +181,19 @@ impl ModelRegistry {
 
     /// Loads every model of `cfg` (plus `identity`). Fails on the first model
     /// that cannot be loaded, naming it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::{AgentConfig, ModelConfig, ModelRegistry};
+    /// let mut cfg = AgentConfig::default();
+    /// cfg.models.push(ModelConfig::new("digits", concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx")));
+    /// let registry = ModelRegistry::load(&cfg)?;
+    /// assert_eq!(registry.names(), ["identity", "digits"]);
+    /// cfg.models.push(ModelConfig::new("lost", "no/such.onnx"));
+    /// assert!(ModelRegistry::load(&cfg).is_err()); // all or nothing
+    /// # Ok::<(), engine::EngineError>(())
+    /// ```
     pub fn load(cfg: &AgentConfig) -> Result<ModelRegistry, EngineError> {
         let r = ModelRegistry::with_identity();
         for m in &cfg.models {
@@ -137,6 +213,18 @@ impl ModelRegistry {
     /// Adds a loaded backend (tests and embedders use this for custom
     /// backends); returns its id. Its outputs are taken from
     /// [`Backend::run`] (see [`ModelEntry::outputs_in_place`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::IdentityBackend;
+    /// use server::ModelRegistry;
+    /// use std::sync::Arc;
+    /// let mut r = ModelRegistry::with_identity();
+    /// let id = r.add(Arc::new(IdentityBackend::named("echo")), 1);
+    /// assert_eq!(id, 1); // ids in order; identity is 0
+    /// assert!(!r.get(id).is_some_and(|m| m.outputs_in_place));
+    /// ```
     pub fn add(&mut self, backend: Arc<dyn Backend>, concurrency: usize) -> u32 {
         self.install(NewModel {
             backend,
@@ -150,6 +238,19 @@ impl ModelRegistry {
 
     /// Adds a backend whose [`Backend::run_into`] writes outputs straight
     /// into the buffers it is given (as [`OrtBackend`]'s does); returns its id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::{OrtBackend, OrtOptions};
+    /// use server::ModelRegistry;
+    /// use std::sync::Arc;
+    /// let digits = OrtBackend::load("digits", concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx").as_ref(), &OrtOptions::default())?;
+    /// let mut r = ModelRegistry::with_identity();
+    /// let id = r.add_in_place(Arc::new(digits), 1); // its run_into writes in place
+    /// assert!(r.get(id).is_some_and(|m| m.outputs_in_place));
+    /// # Ok::<(), engine::EngineError>(())
+    /// ```
     pub fn add_in_place(&mut self, backend: Arc<dyn Backend>, concurrency: usize) -> u32 {
         self.install(NewModel {
             backend,
@@ -165,6 +266,29 @@ impl ModelRegistry {
     /// new id; a model already served under that name is replaced in the
     /// same step (requests already running on it finish on it). Returns
     /// the new id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::IdentityBackend;
+    /// use server::{BatchPolicy, ModelRegistry, NewModel, QueuePolicy};
+    /// use std::sync::Arc;
+    /// let r = ModelRegistry::with_identity();
+    /// let model = |version| NewModel {
+    ///     backend: Arc::new(IdentityBackend::named("echo")),
+    ///     concurrency: 1,
+    ///     version,
+    ///     outputs_in_place: false,
+    ///     policy: QueuePolicy::default(),
+    ///     batching: BatchPolicy::default(),
+    /// };
+    /// let v1 = r.install(model(1));
+    /// // A reload under the same name replaces it with a new id.
+    /// let v2 = r.install(model(2));
+    /// assert_ne!(v1, v2);
+    /// assert!(r.get(v1).is_none());
+    /// assert_eq!(r.find("echo").map(|m| m.version), Some(2));
+    /// ```
     pub fn install(&self, m: NewModel) -> u32 {
         self.update(|t| {
             let id = t.by_id.len() as u32;
@@ -187,6 +311,18 @@ impl ModelRegistry {
 
     /// Stops serving the model named `name`; returns it, or `None` when no
     /// model has that name. Requests already running on it finish.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelRegistry;
+    /// let r = ModelRegistry::with_identity();
+    /// let gone = r.remove("identity").ok_or("it was served")?;
+    /// assert_eq!(gone.id, 0);
+    /// assert!(r.remove("identity").is_none());
+    /// assert!(r.names().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn remove(&self, name: &str) -> Option<Arc<ModelEntry>> {
         self.update(|t| {
             let id = t.by_name.remove(name)?;
@@ -208,11 +344,29 @@ impl ModelRegistry {
     }
 
     /// The model with this id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelRegistry;
+    /// let r = ModelRegistry::with_identity();
+    /// assert!(r.get(0).is_some());
+    /// assert!(r.get(1).is_none());
+    /// ```
     pub fn get(&self, id: u32) -> Option<Arc<ModelEntry>> {
         self.table.load().by_id.get(id as usize)?.clone()
     }
 
     /// The model with this name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelRegistry;
+    /// let r = ModelRegistry::with_identity();
+    /// assert_eq!(r.find("identity").map(|m| m.id), Some(0));
+    /// assert!(r.find("digits").is_none());
+    /// ```
     pub fn find(&self, name: &str) -> Option<Arc<ModelEntry>> {
         let t = self.table.load();
         let id = *t.by_name.get(name)?;
@@ -220,11 +374,32 @@ impl ModelRegistry {
     }
 
     /// Every model served now, in id order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::ModelRegistry;
+    /// let r = ModelRegistry::with_identity();
+    /// let ids: Vec<u32> = r.models().iter().map(|m| m.id).collect();
+    /// assert_eq!(ids, [0]);
+    /// ```
     pub fn models(&self) -> Vec<Arc<ModelEntry>> {
         self.table.load().by_id.iter().flatten().cloned().collect()
     }
 
     /// The names of every model served now, in id order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use engine::IdentityBackend;
+    /// use server::ModelRegistry;
+    /// use std::sync::Arc;
+    /// let mut r = ModelRegistry::with_identity();
+    /// r.add(Arc::new(IdentityBackend::named("b")), 1);
+    /// r.add(Arc::new(IdentityBackend::named("a")), 1);
+    /// assert_eq!(r.names(), ["identity", "b", "a"]); // id order
+    /// ```
     pub fn names(&self) -> Vec<String> {
         self.models()
             .iter()
@@ -236,6 +411,17 @@ impl ModelRegistry {
 /// The ONNX Runtime settings an agent with `cfg` loads model `m` with
 /// (also what a caller that runs the engine without an agent uses to run
 /// it the same way: the classifier's `local` baseline).
+///
+/// # Examples
+///
+/// ```
+/// use server::registry::ort_options;
+/// use server::{AgentConfig, ModelConfig};
+/// let cfg = AgentConfig { intra_threads: 1, ..AgentConfig::default() };
+/// let m = ModelConfig { concurrency: 3, ..ModelConfig::new("digits", "digits.onnx") };
+/// let opts = ort_options(&m, &cfg);
+/// assert_eq!((opts.intra_threads, opts.sessions), (1, 3));
+/// ```
 pub fn ort_options(m: &ModelConfig, cfg: &AgentConfig) -> OrtOptions {
     OrtOptions {
         intra_threads: cfg.intra_threads,
@@ -247,6 +433,17 @@ pub fn ort_options(m: &ModelConfig, cfg: &AgentConfig) -> OrtOptions {
 
 /// Loads the ONNX model `m` with `cfg`'s ONNX Runtime settings
 /// ([`ort_options`]).
+///
+/// # Examples
+///
+/// ```
+/// use server::registry::load_onnx;
+/// use server::{AgentConfig, ModelConfig};
+/// let m = ModelConfig::new("digits", concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"));
+/// let backend = load_onnx(&m, &AgentConfig::default())?;
+/// assert_eq!(backend.signature().name, "digits");
+/// # Ok::<(), engine::EngineError>(())
+/// ```
 pub fn load_onnx(m: &ModelConfig, cfg: &AgentConfig) -> Result<Arc<dyn Backend>, EngineError> {
     let opts = ort_options(m, cfg);
     Ok(Arc::new(OrtBackend::load(&m.name, &m.path, &opts)?))
@@ -265,6 +462,21 @@ fn dims_text(shape: &[Option<u64>]) -> String {
 /// is fixed (or that has none) cannot stack requests, and an output whose
 /// first dimension is fixed cannot be split back into them, so the model
 /// gets `max_batch = 1`, with a warning on stderr saying why.
+///
+/// # Examples
+///
+/// ```
+/// use server::registry::batch_policy_for;
+/// use server::BatchPolicy;
+/// use wire::{DType, ModelSignature, TensorSpec};
+/// let spec = |first| TensorSpec { name: "t".into(), dtype: DType::F32, shape: vec![first, Some(64)] };
+/// let asked = BatchPolicy { max_batch: 8, ..BatchPolicy::default() };
+/// let dynamic = ModelSignature { name: "m".into(), inputs: vec![spec(None)], outputs: vec![spec(None)] };
+/// assert_eq!(batch_policy_for(&dynamic, asked.clone()).max_batch, 8);
+/// // A fixed first dimension cannot stack requests: no batching (and a warning).
+/// let fixed = ModelSignature { name: "m".into(), inputs: vec![spec(Some(1))], outputs: vec![spec(None)] };
+/// assert_eq!(batch_policy_for(&fixed, asked).max_batch, 1);
+/// ```
 pub fn batch_policy_for(sig: &ModelSignature, asked: BatchPolicy) -> BatchPolicy {
     if !asked.is_on() {
         return asked;

@@ -6,6 +6,19 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// Where to listen or connect, parsed from a URI.
+///
+/// # Examples
+///
+/// ```
+/// use transport::Endpoint;
+/// let ep: Endpoint = "tcp://127.0.0.1:7070?nodelay=0".parse()?;
+/// match &ep {
+///     Endpoint::Tcp { addr, nodelay } => assert_eq!((addr.as_str(), *nodelay), ("127.0.0.1:7070", false)),
+///     other => panic!("expected tcp, got {other}"),
+/// }
+/// assert_eq!(ep.to_string(), "tcp://127.0.0.1:7070?nodelay=0");
+/// # Ok::<(), transport::TransportError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     /// `inproc://name`: an agent in this process (`inproc://` = name "default").
@@ -50,6 +63,23 @@ pub enum Endpoint {
 impl Endpoint {
     /// Parses a URI. Unknown schemes, empty paths, missing ports and unknown
     /// query parameters are errors that say what is wrong.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::{Endpoint, TransportError};
+    /// assert_eq!(Endpoint::parse("unix:///run/tw.sock")?, Endpoint::Unix("/run/tw.sock".into()));
+    /// assert_eq!(Endpoint::parse("shm://agent")?, Endpoint::Shm("agent".into()));
+    /// assert_eq!(Endpoint::parse("inproc://local")?, Endpoint::Inproc("local".into()));
+    /// // Errors say what is wrong.
+    /// match Endpoint::parse("tcp://127.0.0.1") {
+    ///     Err(e @ TransportError::BadUri { .. }) => println!("{e}"),
+    ///     other => panic!("expected a bad URI, got {other:?}"),
+    /// }
+    /// assert!(Endpoint::parse("rdma://x").is_err());
+    /// assert!(Endpoint::parse("unix:///tmp/a.sock?colour=red").is_err());
+    /// # Ok::<(), TransportError>(())
+    /// ```
     pub fn parse(uri: &str) -> Result<Endpoint, TransportError> {
         let bad = |reason: &str| TransportError::BadUri {
             uri: uri.to_string(),
@@ -197,6 +227,18 @@ impl Endpoint {
 /// which data mover the client uses to put tensors into the arena
 /// ([`crate::mover`]); `auto` when absent. Call after [`Endpoint::parse`]
 /// accepted the URI (an invalid value here is also taken as `auto`).
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::MoverChoice;
+/// use transport::{mover_param, Endpoint};
+/// let uri = "shm://agent?mover=memcpy";
+/// Endpoint::parse(uri)?; // checked first
+/// assert_eq!(mover_param(uri), "memcpy".parse::<MoverChoice>()?);
+/// assert_eq!(mover_param("shm://agent"), MoverChoice::Auto);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn mover_param(uri: &str) -> crate::mover::MoverChoice {
     uri.split_once('?')
         .and_then(|(_, q)| {

@@ -5,6 +5,24 @@ use thiserror::Error;
 use wire::WireError;
 
 /// Errors opening or using a transport.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use transport::{connect, Endpoint, TransportError};
+/// assert!(matches!(Endpoint::parse("tcp:/x"), Err(TransportError::BadUri { .. })));
+/// let dir = tempfile::tempdir()?;
+/// let ep = Endpoint::Unix(dir.path().join("none.sock"));
+/// match connect(&ep, Duration::from_secs(1)) {
+///     Err(TransportError::Io { what, source, .. }) => {
+///         assert_eq!(what, "connect to");
+///         assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+///     }
+///     other => panic!("expected an I/O error, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Error)]
 pub enum TransportError {
     /// The URI could not be parsed, or names no known transport.
@@ -31,6 +49,22 @@ pub enum TransportError {
 }
 
 /// Why a message could not be received.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use transport::{RecvError, StreamConn};
+/// use wire::Limits;
+/// let (a, b) = UnixStream::pair()?;
+/// let mut a = StreamConn::from_unix(a, "a".into());
+/// drop(b);
+/// match a.recv_head(&Limits::default()) {
+///     Err(RecvError::Closed) => {} // between messages: a clean end
+///     other => panic!("expected Closed, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Error)]
 pub enum RecvError {
     /// The peer closed the connection cleanly between messages.

@@ -13,6 +13,31 @@
 //! by function call: no bytes move at all. Every receiver waits the same
 //! way, [`spin`]: a bounded busy-wait before it blocks; a waiter that finds
 //! its peer on its own CPU steps off it ([`cpu`]).
+//!
+//! # Examples
+//!
+//! One message each way over a Unix socket, the payload read straight
+//! into the buffer the receiver chose:
+//!
+//! ```
+//! use std::time::Duration;
+//! use transport::{connect, Endpoint, Listener};
+//! use wire::{Header, Kind, Limits};
+//! let dir = tempfile::tempdir()?;
+//! let ep = Endpoint::parse(&format!("unix://{}", dir.path().join("tw.sock").display()))?;
+//! let listener = Listener::bind(&ep)?;
+//! let client = connect(&ep, Duration::from_secs(1))?;
+//! let mut server = listener.accept()?;
+//!
+//! let mut h = Header::new(Kind::Request);
+//! h.payload_len = 5;
+//! client.send(&h, &[], &[b"hello"])?;
+//! let (got, _desc) = server.recv_head(&Limits::default())?;
+//! let mut payload = vec![0u8; got.payload_len as usize];
+//! server.recv_payload(&mut payload)?;
+//! assert_eq!(payload, b"hello");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod cpu;
 mod endpoint;

@@ -20,6 +20,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A listening socket.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use transport::{connect, Endpoint, Listener};
+/// use wire::{Header, Kind, Limits};
+/// let listener = Listener::bind(&Endpoint::parse("tcp://127.0.0.1:0")?)?;
+/// let ep = listener.endpoint().clone(); // the port the kernel chose
+/// let server = std::thread::spawn(move || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+///     let mut conn = listener.accept()?;
+///     let (h, _) = conn.recv_head(&Limits::default())?;
+///     assert_eq!(h.kind, Kind::Ping);
+///     let mut pong = Header::new(Kind::Pong);
+///     pong.request_id = h.request_id;
+///     conn.send(&pong, &[], &[])?;
+///     Ok(())
+/// });
+/// let mut c = connect(&ep, Duration::from_secs(5))?;
+/// let mut ping = Header::new(Kind::Ping);
+/// ping.request_id = 1;
+/// c.send(&ping, &[], &[])?;
+/// let (h, _) = c.recv_head(&Limits::default())?;
+/// assert_eq!((h.kind, h.request_id), (Kind::Pong, 1));
+/// server.join().map_err(|_| "server panicked")?.map_err(|e| e.to_string())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Listener {
     kind: Kind,
@@ -37,6 +64,20 @@ enum Kind {
 }
 
 /// Wakes a thread blocked in [`Listener::accept`] (which then fails), for shutdown.
+///
+/// # Examples
+///
+/// ```
+/// use transport::{Endpoint, Listener};
+/// let dir = tempfile::tempdir()?;
+/// let ep = Endpoint::Unix(dir.path().join("a.sock"));
+/// let listener = Listener::bind(&ep)?;
+/// let waker = listener.waker()?;
+/// let acceptor = std::thread::spawn(move || listener.accept().map(|_| ()));
+/// waker.wake(); // shutting down: the blocked accept fails
+/// assert!(acceptor.join().map_err(|_| "panicked")?.is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct ListenerWaker {
     wake: Wake,
@@ -53,6 +94,16 @@ enum Wake {
 impl ListenerWaker {
     /// Makes the blocked (and every future) `accept` return an error
     /// (`EINVAL`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::{Endpoint, Listener};
+    /// let listener = Listener::bind(&Endpoint::parse("tcp://127.0.0.1:0")?)?;
+    /// listener.waker()?.wake();
+    /// assert!(listener.accept().is_err()); // and every later accept
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wake(&self) {
         match &self.wake {
             // shutdown(2) on a listening socket makes Linux fail accept() with EINVAL.
@@ -70,6 +121,22 @@ impl ListenerWaker {
 /// Removes a Unix socket file left by a server that is gone, so a new one
 /// can bind there; refuses (`AddrInUse`) to take over a socket that still
 /// accepts connections. Nothing to do when `path` does not exist.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixListener;
+/// use transport::{remove_stale_unix_socket, Endpoint, Listener};
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("agent.sock");
+/// drop(UnixListener::bind(&path)?); // what a crashed server leaves behind
+/// remove_stale_unix_socket(&path)?;
+/// assert!(!path.exists());
+/// // A socket someone still accepts on is not taken over.
+/// let _live = Listener::bind(&Endpoint::Unix(path.clone()))?;
+/// assert!(remove_stale_unix_socket(&path).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn remove_stale_unix_socket(path: &std::path::Path) -> io::Result<()> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -87,6 +154,20 @@ impl Listener {
     /// Binds and listens on a Unix, TCP or vsock endpoint (`shm://` too:
     /// its control socket). A port in use, a CID that is not this
     /// machine's and the like are errors naming the endpoint and saying why.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::{Endpoint, Listener};
+    /// let dir = tempfile::tempdir()?;
+    /// let ep = Endpoint::Unix(dir.path().join("agent.sock"));
+    /// let l = Listener::bind(&ep)?;
+    /// assert_eq!(l.endpoint(), &ep);
+    /// // The same address twice: an error naming it.
+    /// let e = Listener::bind(&ep).unwrap_err();
+    /// assert!(e.to_string().contains("agent.sock"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bind(ep: &Endpoint) -> Result<Listener, TransportError> {
         let err = |source: io::Error| TransportError::Io {
             what: "listen on",
@@ -202,6 +283,19 @@ impl Listener {
     /// socket file's permission bits and, when given, its group. Called
     /// right after [`bind`](Self::bind), before the agent accepts anything.
     /// A TCP listener has no file: nothing to do.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::fs::PermissionsExt;
+    /// use transport::{Endpoint, Listener};
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("agent.sock");
+    /// let l = Listener::bind(&Endpoint::Unix(path.clone()))?;
+    /// l.set_access(0o660, None)?; // the owner and its group may connect
+    /// assert_eq!(std::fs::metadata(&path)?.permissions().mode() & 0o777, 0o660);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_access(&self, mode: u32, group: Option<u32>) -> io::Result<()> {
         let Kind::Unix(_, path) = &self.kind else {
             return Ok(());
@@ -215,6 +309,20 @@ impl Listener {
 
     /// Waits for the next connection on a Unix (or shm control) listener
     /// and returns the bare socket (shm sessions bootstrap over it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::{Credentials, Endpoint, Listener};
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("control.sock");
+    /// let l = Listener::bind(&Endpoint::Unix(path.clone()))?;
+    /// let _client = UnixStream::connect(&path)?;
+    /// let sock = l.accept_unix()?; // the bare socket, e.g. to pass an arena over
+    /// assert_eq!(Credentials::of_unix(&sock)?.pid, std::process::id() as i32);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn accept_unix(&self) -> io::Result<UnixStream> {
         match &self.kind {
             Kind::Unix(l, _) => Ok(l.accept()?.0),
@@ -227,11 +335,34 @@ impl Listener {
 
     /// The endpoint actually listened on (a TCP port 0 or a vsock port -1
     /// is resolved).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::{Endpoint, Listener};
+    /// let l = Listener::bind(&Endpoint::parse("tcp://127.0.0.1:0")?)?;
+    /// assert!(!l.endpoint().to_string().ends_with(":0"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
     /// Waits for the next connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::{connect, Endpoint, Listener, PeerId};
+    /// let dir = tempfile::tempdir()?;
+    /// let ep = Endpoint::Unix(dir.path().join("agent.sock"));
+    /// let l = Listener::bind(&ep)?;
+    /// let _c = connect(&ep, Duration::from_secs(1))?;
+    /// let conn = l.accept()?;
+    /// assert!(matches!(conn.peer_id()?, PeerId::Uid(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn accept(&self) -> io::Result<StreamConn> {
         match &self.kind {
             Kind::Unix(l, path) => {
@@ -251,6 +382,17 @@ impl Listener {
     }
 
     /// A handle that can wake a blocked `accept` from another thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::{Endpoint, Listener};
+    /// let l = Listener::bind(&Endpoint::parse("tcp://127.0.0.1:0")?)?;
+    /// let waker = l.waker()?; // Send: give it to whoever stops the server
+    /// std::thread::spawn(move || waker.wake()).join().map_err(|_| "panicked")?;
+    /// assert!(l.accept().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn waker(&self) -> io::Result<ListenerWaker> {
         let fd = match &self.kind {
             Kind::Unix(l, _) => l.as_fd().try_clone_to_owned()?,
@@ -314,6 +456,21 @@ fn accept_vsock(l: &socket2::Socket, wake: &OwnedFd) -> io::Result<socket2::Sock
 }
 
 /// Connects to a Unix, TCP (TLS) or vsock endpoint, giving up after `timeout`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use transport::{connect, Endpoint, Listener, TransportError};
+/// let l = Listener::bind(&Endpoint::parse("tcp://127.0.0.1:0")?)?;
+/// let conn = connect(l.endpoint(), Duration::from_secs(1))?;
+/// assert!(conn.peer().contains("127.0.0.1"));
+/// // Nobody listening: an error naming the endpoint.
+/// let dir = tempfile::tempdir()?;
+/// let none = Endpoint::Unix(dir.path().join("nobody.sock"));
+/// assert!(matches!(connect(&none, Duration::from_secs(1)), Err(TransportError::Io { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<StreamConn, TransportError> {
     let err = |source: io::Error| TransportError::Io {
         what: "connect to",

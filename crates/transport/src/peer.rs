@@ -20,6 +20,20 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
 /// The identity a connection's limits are counted under.
+///
+/// # Examples
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use transport::PeerId;
+/// let l = TcpListener::bind("127.0.0.1:0")?;
+/// let s = TcpStream::connect(l.local_addr()?)?;
+/// let (accepted, _) = l.accept()?;
+/// let id = PeerId::of_tcp(&accepted)?;
+/// assert_eq!(id.to_string(), "address 127.0.0.1"); // limits count per source address
+/// # drop(s);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PeerId {
     /// A local process, by user id (Unix and shared-memory control sockets).
@@ -33,6 +47,17 @@ pub enum PeerId {
 /// What the kernel recorded of a local peer when it connected
 /// (`SO_PEERCRED`): its process, user and group ids. The agent's tenants
 /// are matched on them; a peer cannot forge them.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use transport::Credentials;
+/// let (a, _b) = UnixStream::pair()?;
+/// let who = Credentials::of_unix(&a)?;
+/// assert_eq!(who.pid, std::process::id() as i32);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Credentials {
     /// The connecting process's id (it may have exited since).
@@ -45,6 +70,19 @@ pub struct Credentials {
 
 impl Credentials {
     /// The credentials of the process that connected the Unix socket `s`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::fs::MetadataExt;
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::Credentials;
+    /// let (a, _b) = UnixStream::pair()?;
+    /// let who = Credentials::of_unix(&a)?;
+    /// let me = std::fs::metadata("/proc/self")?;
+    /// assert_eq!((who.uid, who.gid), (me.uid(), me.gid()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn of_unix(s: impl AsFd) -> io::Result<Credentials> {
         let c = rustix::net::sockopt::socket_peercred(s)?;
         Ok(Credentials {
@@ -57,11 +95,35 @@ impl Credentials {
 
 impl PeerId {
     /// The user id of the process that connected `s` (`SO_PEERCRED`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::fs::MetadataExt;
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::PeerId;
+    /// let (a, _b) = UnixStream::pair()?;
+    /// let me = std::fs::metadata("/proc/self")?.uid();
+    /// assert_eq!(PeerId::of_unix(&a)?, PeerId::Uid(me));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn of_unix(s: &UnixStream) -> io::Result<PeerId> {
         Ok(PeerId::Uid(Credentials::of_unix(s)?.uid))
     }
 
     /// The source address of `s`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+    /// use transport::PeerId;
+    /// let l = TcpListener::bind("127.0.0.1:0")?;
+    /// let _c = TcpStream::connect(l.local_addr()?)?;
+    /// let (s, _) = l.accept()?;
+    /// assert_eq!(PeerId::of_tcp(&s)?, PeerId::Addr(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn of_tcp(s: &TcpStream) -> io::Result<PeerId> {
         // An IPv4 peer on a dual-stack socket shows as ::ffff:a.b.c.d:
         // counted as the IPv4 address it is.

@@ -58,6 +58,27 @@ static ZEROS: [u8; 64] = [0; 64];
 const SOCKET_POLLS_PER_CHECK: u32 = 8;
 
 /// Counters a connection keeps about what it received.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use transport::StreamConn;
+/// use wire::{Header, Kind, Limits};
+/// let (a, b) = UnixStream::pair()?;
+/// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+/// let mut h = Header::new(Kind::Request);
+/// h.payload_len = 4;
+/// a.send(&h, &[], &[&[1, 2, 3, 4]])?;
+/// let (h, _) = b.recv_head(&Limits::default())?;
+/// let mut payload = [0u8; 4];
+/// b.recv_payload(&mut payload)?;
+/// let s = b.stats();
+/// assert_eq!(s.messages, 1);
+/// // A small payload arrives with its header and is moved once.
+/// assert_eq!(s.staged_payload_bytes + s.direct_payload_bytes, h.payload_len);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StreamStats {
     /// Messages whose header was received.
@@ -204,6 +225,27 @@ impl Sock {
 /// (`recv_*` take `&mut self`); any number may send through
 /// [`StreamConn::writer`] handles as long as each message is sent whole
 /// by one of them at a time (callers serialise sends).
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use transport::StreamConn;
+/// use wire::{Header, Kind, Limits};
+/// let (a, b) = UnixStream::pair()?;
+/// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+/// // A request of two tensors: header, descriptors, then each tensor at its
+/// // 64-byte aligned offset, all in one sendmsg.
+/// let (x, y) = ([1u8; 10], [2u8; 3]);
+/// let mut h = Header::new(Kind::Request);
+/// h.payload_len = 64 + 3;
+/// a.send(&h, &[], &[&x, &y])?;
+/// let (got, _desc) = b.recv_head(&Limits::default())?; // checked before anything is read
+/// let mut payload = vec![0u8; got.payload_len as usize]; // the receiver picks the destination
+/// b.recv_payload(&mut payload)?;
+/// assert_eq!((&payload[..10], &payload[64..]), (&x[..], &y[..]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct StreamConn {
     sock: Sock,
@@ -218,6 +260,22 @@ pub struct StreamConn {
 }
 
 /// A send-only handle on a [`StreamConn`]'s socket.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use transport::StreamConn;
+/// use wire::{Header, Kind, Limits};
+/// let (a, b) = UnixStream::pair()?;
+/// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+/// let writer = a.writer()?; // sends from another thread while `a` reads
+/// std::thread::spawn(move || writer.send(&Header::new(Kind::Ping), &[], &[]))
+///     .join()
+///     .map_err(|_| "panicked")??;
+/// assert_eq!(b.recv_head(&Limits::default())?.0.kind, Kind::Ping);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct StreamWriter {
     sock: Sock,
@@ -239,11 +297,34 @@ impl StreamConn {
     }
 
     /// Wraps a connected Unix stream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// let (a, _b) = UnixStream::pair()?;
+    /// let conn = StreamConn::from_unix(a, "unix:pair".into());
+    /// assert_eq!(conn.peer(), "unix:pair");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_unix(s: UnixStream, peer: String) -> StreamConn {
         StreamConn::new(Sock::Unix(Arc::new(s)), peer)
     }
 
     /// Wraps a connected TCP stream, setting `TCP_NODELAY` to `nodelay`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::net::{TcpListener, TcpStream};
+    /// use transport::{PeerId, StreamConn};
+    /// let l = TcpListener::bind("127.0.0.1:0")?;
+    /// let s = TcpStream::connect(l.local_addr()?)?;
+    /// let conn = StreamConn::from_tcp(s, true)?; // TCP_NODELAY on: no Nagle stall
+    /// assert!(matches!(conn.peer_id()?, PeerId::Addr(ip) if ip.is_loopback()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_tcp(s: TcpStream, nodelay: bool) -> io::Result<StreamConn> {
         s.set_nodelay(nodelay)?;
         let peer = s
@@ -287,6 +368,19 @@ impl StreamConn {
     }
 
     /// Who is on the other end, for per-peer limits ([`PeerId`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::{PeerId, StreamConn};
+    /// let (a, _b) = UnixStream::pair()?;
+    /// let conn = StreamConn::from_unix(a, "pair".into());
+    /// let uid = std::fs::metadata("/proc/self")?;
+    /// # use std::os::unix::fs::MetadataExt;
+    /// assert_eq!(conn.peer_id()?, PeerId::Uid(uid.uid()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn peer_id(&self) -> io::Result<PeerId> {
         match &self.sock {
             Sock::Unix(s) => PeerId::of_unix(s),
@@ -307,6 +401,18 @@ impl StreamConn {
     /// The kernel's record of a Unix peer ([`Credentials`]); `None` over
     /// TCP, where the source address is all there is, and over vsock (no
     /// `SO_PEERCRED`: the peer's CID and port, [`Self::vsock_peer`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// let (a, _b) = UnixStream::pair()?;
+    /// let conn = StreamConn::from_unix(a, "pair".into());
+    /// let who = conn.credentials()?.ok_or("a Unix peer has credentials")?;
+    /// assert_eq!(who.pid, std::process::id() as i32);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn credentials(&self) -> io::Result<Option<Credentials>> {
         match &self.sock {
             Sock::Unix(s) => Credentials::of_unix(s).map(Some),
@@ -320,22 +426,75 @@ impl StreamConn {
     /// returns [`RecvError::WouldBlock`], keeping whatever part of the
     /// header and descriptor section has arrived for the next call. Payload
     /// reads still block (bounded by the read timeout).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::{RecvError, StreamConn};
+    /// use wire::{Header, Kind, Limits};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// b.set_parking(true);
+    /// assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::WouldBlock)));
+    /// a.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// # assert!(b.wait_readable(std::time::Duration::from_secs(5))?);
+    /// assert_eq!(b.recv_head(&Limits::default())?.0.kind, Kind::Ping);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_parking(&mut self, on: bool) {
         self.parking = on;
     }
 
     /// A human-readable name for the peer (for logs and errors).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::{connect, Endpoint, Listener};
+    /// let l = Listener::bind(&Endpoint::parse("tcp://127.0.0.1:0")?)?;
+    /// let c = connect(l.endpoint(), Duration::from_secs(1))?;
+    /// println!("connected to {}", c.peer());
+    /// assert!(c.peer().starts_with("127.0.0.1:"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn peer(&self) -> &str {
         &self.peer
     }
 
     /// What this connection has received so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// let (a, _b) = UnixStream::pair()?;
+    /// assert_eq!(StreamConn::from_unix(a, "pair".into()).stats().messages, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stats(&self) -> StreamStats {
         self.stats
     }
 
     /// Lets a read that finds nothing spin for up to `budget` before it
     /// blocks (zero, the default, blocks at once). See the module docs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use std::time::Duration;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind, Limits};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// b.set_spin(Duration::from_micros(50)); // poll before sleeping: no wake-up if it comes soon
+    /// a.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// assert_eq!(b.recv_head(&Limits::default())?.0.kind, Kind::Ping);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_spin(&mut self, budget: Duration) {
         self.gate = SpinGate::new(budget);
     }
@@ -349,6 +508,20 @@ impl StreamConn {
     }
 
     /// Bounds how long one read may wait (`None` = forever).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use std::time::Duration;
+    /// use transport::{RecvError, StreamConn};
+    /// use wire::Limits;
+    /// let (a, _b) = UnixStream::pair()?;
+    /// let mut a = StreamConn::from_unix(a, "a".into());
+    /// a.set_read_timeout(Some(Duration::from_millis(10)))?;
+    /// assert!(matches!(a.recv_head(&Limits::default()), Err(RecvError::TimedOut)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match &self.sock {
             Sock::Unix(s) => s.set_read_timeout(t),
@@ -362,6 +535,23 @@ impl StreamConn {
     }
 
     /// Bounds how long a blocked send may wait for the peer to read (`None` = forever).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use std::time::Duration;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind};
+    /// let (a, _b) = UnixStream::pair()?; // _b never reads
+    /// let a = StreamConn::from_unix(a, "a".into());
+    /// a.set_write_timeout(Some(Duration::from_millis(20)))?;
+    /// let big = vec![0u8; 16 << 20];
+    /// let mut h = Header::new(Kind::Request);
+    /// h.payload_len = big.len() as u64;
+    /// assert!(a.send(&h, &[], &[&big]).is_err()); // the socket filled up
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match &self.sock {
             Sock::Unix(s) => s.set_write_timeout(t),
@@ -376,6 +566,21 @@ impl StreamConn {
 
     /// A send-only handle sharing this socket (the same file descriptor:
     /// the socket closes when the last handle drops).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind, Limits};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// let w = a.writer()?;
+    /// drop(a); // the writer keeps the socket open
+    /// w.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// assert_eq!(b.recv_head(&Limits::default())?.0.kind, Kind::Ping);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn writer(&self) -> io::Result<StreamWriter> {
         Ok(StreamWriter {
             sock: self.sock.clone(),
@@ -383,11 +588,44 @@ impl StreamConn {
     }
 
     /// Closes both directions; a thread blocked reading wakes with EOF.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::{RecvError, StreamConn};
+    /// use wire::Limits;
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// a.shutdown()?;
+    /// assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Closed)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shutdown(&self) -> io::Result<()> {
         self.sock.shutdown(Shutdown::Both)
     }
 
     /// Sends one message; see `send_message`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// use wire::{encode_tensor_section, DType, Header, Kind, Limits, TensorDesc};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// let x: Vec<u8> = [0.5f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+    /// let t = TensorDesc { dtype: DType::F32, shape: vec![4], offset: 0, len: 16 };
+    /// let mut desc = Vec::new();
+    /// encode_tensor_section(std::slice::from_ref(&t), None, &mut desc);
+    /// let mut h = Header::new(Kind::Request);
+    /// (h.tensor_count, h.desc_len, h.payload_len) = (1, desc.len() as u32, 16);
+    /// a.send(&h, &desc, &[&x])?; // straight from the caller's memory
+    /// let (got, got_desc) = b.recv_head(&Limits::default())?;
+    /// assert_eq!((got, got_desc), (h, desc));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
         send_message(&self.sock, header, desc, tensors, None)
     }
@@ -398,6 +636,21 @@ impl StreamConn {
     /// waits here, between messages, instead of in a read that would
     /// outlast its deadline (a read timing out mid-message ends the
     /// connection; one that times out here ends nothing).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use std::time::Duration;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// assert!(!b.wait_readable(Duration::from_millis(5))?); // nothing yet, nothing lost
+    /// a.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// assert!(b.wait_readable(Duration::from_secs(1))?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
         if self.has_buffered() {
             return Ok(true);
@@ -418,6 +671,23 @@ impl StreamConn {
     }
 
     /// True when bytes of a next message are already buffered (no syscall).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind, Limits};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// // Two messages written back to back are read into the staging buffer together.
+    /// a.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// a.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// # std::thread::sleep(std::time::Duration::from_millis(10));
+    /// b.recv_head(&Limits::default())?;
+    /// assert!(b.has_buffered()); // the second one: no syscall needed to see it
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn has_buffered(&self) -> bool {
         self.end > self.start || self.sock.has_pending()
     }
@@ -425,6 +695,18 @@ impl StreamConn {
     /// Frees the staging buffer if nothing is buffered in it, so that an
     /// idle connection holds no buffer ([`STAGING_LEN`] bytes each, most of
     /// what an idle session costs); the next read allocates it again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// let (a, _b) = UnixStream::pair()?;
+    /// let mut a = StreamConn::from_unix(a, "a".into());
+    /// a.release_staging(); // idle: give its 8 KiB back
+    /// assert!(!a.has_buffered());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn release_staging(&mut self) {
         if self.start == self.end {
             self.staging = Vec::new();
@@ -441,6 +723,27 @@ impl StreamConn {
     /// Nothing is consumed until header and descriptor section are both
     /// buffered, so in parking mode a call that returns
     /// [`RecvError::WouldBlock`] halfway through can simply be repeated.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::{RecvError, StreamConn};
+    /// use wire::{Header, Kind, Limits, Status};
+    /// let (mut peer, b) = UnixStream::pair()?;
+    /// let mut b = StreamConn::from_unix(b, "b".into());
+    /// // A peer announces 1 GiB (and sends nothing of it).
+    /// let mut h = Header::new(Kind::Request);
+    /// h.payload_len = 1 << 30;
+    /// peer.write_all(&h.encode())?;
+    /// // Refused on the header alone, before a byte of payload is allocated.
+    /// match b.recv_head(&Limits::default()) {
+    ///     Err(RecvError::Wire(e)) => assert_eq!(e.status(), Status::LimitExceeded),
+    ///     other => panic!("expected a limit error, got {other:?}"),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_head(&mut self, limits: &Limits) -> Result<(Header, Vec<u8>), RecvError> {
         let park = self.parking;
         self.fill(HEADER_LEN, true, park)?;
@@ -456,6 +759,26 @@ impl StreamConn {
     }
 
     /// Reads exactly `dest.len()` payload bytes into `dest`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// use wire::{AlignedBuf, Header, Kind, Limits};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// let data = vec![7u8; 100_000];
+    /// let mut h = Header::new(Kind::Request);
+    /// h.payload_len = data.len() as u64;
+    /// let sender = std::thread::spawn(move || a.send(&h, &[], &[&data]));
+    /// let (h, _) = b.recv_head(&Limits::default())?;
+    /// let mut dest = AlignedBuf::zeroed(h.payload_len as usize)?; // its final home
+    /// b.recv_payload(&mut dest)?;
+    /// sender.join().map_err(|_| "panicked")??;
+    /// assert!(dest.iter().all(|&x| x == 7));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_payload(&mut self, dest: &mut [u8]) -> Result<(), RecvError> {
         let staged = (self.end - self.start).min(dest.len());
         dest[..staged].copy_from_slice(&self.staging[self.start..self.start + staged]);
@@ -483,6 +806,24 @@ impl StreamConn {
 
     /// Reads and discards `len` payload bytes (after a rejected header), so
     /// the stream stays in sync.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind, Limits};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// let mut h = Header::new(Kind::Request);
+    /// h.payload_len = 5;
+    /// a.send(&h, &[], &[b"hello"])?;
+    /// a.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// let (refused, _) = b.recv_head(&Limits::default())?;
+    /// b.skip_payload(refused.payload_len)?; // answered with an error instead
+    /// assert_eq!(b.recv_head(&Limits::default())?.0.kind, Kind::Ping); // still in sync
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn skip_payload(&mut self, mut len: u64) -> Result<(), RecvError> {
         while len > 0 {
             if self.start == self.end {
@@ -552,6 +893,24 @@ impl AsFd for StreamConn {
 
 impl StreamWriter {
     /// Sends one message; see `send_message`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind, Limits};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// let mut h = Header::new(Kind::Response);
+    /// h.payload_len = 3;
+    /// a.writer()?.send(&h, &[], &[b"abc"])?;
+    /// let (got, _) = b.recv_head(&Limits::default())?;
+    /// let mut payload = [0u8; 3];
+    /// b.recv_payload(&mut payload)?;
+    /// assert_eq!((got.kind, &payload), (Kind::Response, b"abc"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn send(&self, header: &Header, desc: &[u8], tensors: &[&[u8]]) -> io::Result<()> {
         send_message(&self.sock, header, desc, tensors, None)
     }
@@ -577,6 +936,19 @@ impl StreamWriter {
     }
 
     /// Closes both directions of the socket.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::{RecvError, StreamConn};
+    /// use wire::Limits;
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// a.writer()?.shutdown()?; // closes the socket all handles share
+    /// assert!(matches!(b.recv_head(&Limits::default()), Err(RecvError::Closed)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shutdown(&self) -> io::Result<()> {
         self.sock.shutdown(Shutdown::Both)
     }

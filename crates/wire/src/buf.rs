@@ -30,6 +30,17 @@ enum Storage {
 }
 
 /// A zero-initialised, 64-byte aligned byte buffer of a fixed length.
+///
+/// # Examples
+///
+/// ```
+/// use wire::AlignedBuf;
+/// let mut b = AlignedBuf::zeroed(100)?;
+/// assert_eq!(b.as_ptr() as usize % 64, 0);
+/// b[..4].copy_from_slice(&1.5f32.to_le_bytes());
+/// assert_eq!(b.len(), 100);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct AlignedBuf {
     storage: Storage,
     len: usize,
@@ -37,6 +48,14 @@ pub struct AlignedBuf {
 
 impl AlignedBuf {
     /// An empty buffer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// let b = AlignedBuf::empty();
+    /// assert!(b.is_empty());
+    /// ```
     pub fn empty() -> AlignedBuf {
         AlignedBuf {
             storage: Storage::Blocks(Vec::new()),
@@ -46,6 +65,15 @@ impl AlignedBuf {
 
     /// A zeroed buffer of `len` bytes. Fails only if the system is out of memory
     /// (for a large buffer, if the anonymous mapping cannot be created).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// let b = AlignedBuf::zeroed(1 << 20)?; // large: an anonymous map, no memset
+    /// assert!(b.iter().all(|&x| x == 0));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn zeroed(len: usize) -> std::io::Result<AlignedBuf> {
         let storage = if len >= MAP_THRESHOLD {
             Storage::Map(MmapMut::map_anon(len)?)
@@ -61,6 +89,16 @@ impl AlignedBuf {
     }
 
     /// A buffer holding a copy of `bytes`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// let b = AlignedBuf::copy_from(b"tensor")?;
+    /// assert_eq!(b.as_slice(), b"tensor");
+    /// assert_eq!(b.as_ptr() as usize % 64, 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn copy_from(bytes: &[u8]) -> std::io::Result<AlignedBuf> {
         let mut b = AlignedBuf::zeroed(bytes.len())?;
         b.as_mut_slice().copy_from_slice(bytes);
@@ -68,11 +106,28 @@ impl AlignedBuf {
     }
 
     /// Length in bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// assert_eq!(AlignedBuf::zeroed(10)?.len(), 10);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Bytes the buffer can hold without reallocating.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// let b = AlignedBuf::zeroed(10)?;
+    /// assert!(b.capacity() >= b.len());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn capacity(&self) -> usize {
         match &self.storage {
             Storage::Blocks(v) => v.len() * 64,
@@ -81,11 +136,28 @@ impl AlignedBuf {
     }
 
     /// True when the buffer holds no bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// assert!(AlignedBuf::zeroed(0)?.is_empty());
+    /// assert!(!AlignedBuf::zeroed(1)?.is_empty());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// assert_eq!(AlignedBuf::copy_from(&[1, 2, 3])?.as_slice(), [1, 2, 3]);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn as_slice(&self) -> &[u8] {
         match &self.storage {
             Storage::Blocks(v) => &bytemuck::cast_slice(v)[..self.len],
@@ -94,6 +166,16 @@ impl AlignedBuf {
     }
 
     /// The bytes, writable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::AlignedBuf;
+    /// let mut b = AlignedBuf::zeroed(3)?;
+    /// b.as_mut_slice().copy_from_slice(&[7, 8, 9]);
+    /// assert_eq!(b.as_slice(), [7, 8, 9]);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match &mut self.storage {
             Storage::Blocks(v) => &mut bytemuck::cast_slice_mut(v)[..self.len],
@@ -109,6 +191,20 @@ impl AlignedBuf {
 /// its last user left: callers must overwrite what they read back (payload
 /// reads and engine outputs do; alignment gaps between tensors are never
 /// read or sent).
+///
+/// # Examples
+///
+/// ```
+/// use wire::BufPool;
+/// let pool = BufPool::new(64 << 20, 4);
+/// let b = pool.take(1 << 20)?; // 1 MiB: worth keeping
+/// let at = b.as_ptr();
+/// drop(b); // back to the pool...
+/// assert_eq!(pool.held(), 1);
+/// let again = pool.take(1 << 20)?; // ...and out again, already faulted in
+/// assert_eq!(again.as_ptr(), at);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct BufPool {
     free: Mutex<Vec<AlignedBuf>>,
@@ -118,6 +214,14 @@ pub struct BufPool {
 
 impl BufPool {
     /// A pool keeping at most `max_bufs` buffers and `max_bytes` bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::BufPool;
+    /// let pool = BufPool::new(16 << 20, 2); // at most two buffers, 16 MiB
+    /// assert_eq!(pool.held(), 0);
+    /// ```
     pub fn new(max_bytes: usize, max_bufs: usize) -> Arc<BufPool> {
         Arc::new(BufPool {
             free: Mutex::new(Vec::new()),
@@ -128,6 +232,18 @@ impl BufPool {
 
     /// A buffer of `len` bytes: a pooled one if one fits (capacity at least
     /// `len`, at most twice it), else a new zeroed one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::BufPool;
+    /// let pool = BufPool::new(16 << 20, 2);
+    /// let small = pool.take(100)?; // small buffers are not pooled
+    /// assert_eq!(small.len(), 100);
+    /// drop(small);
+    /// assert_eq!(pool.held(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn take(self: &Arc<Self>, len: usize) -> std::io::Result<PooledBuf> {
         if len >= MAP_THRESHOLD {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
@@ -153,6 +269,16 @@ impl BufPool {
     }
 
     /// Buffers held for reuse now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::BufPool;
+    /// let pool = BufPool::new(16 << 20, 2);
+    /// drop((pool.take(1 << 20)?, pool.take(1 << 20)?, pool.take(1 << 20)?));
+    /// assert_eq!(pool.held(), 2); // max_bufs
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn held(&self) -> usize {
         self.free.lock().map_or(0, |f| f.len())
     }
@@ -167,6 +293,17 @@ impl BufPool {
 }
 
 /// An [`AlignedBuf`] that returns to its [`BufPool`] (if any) when dropped.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{AlignedBuf, PooledBuf};
+/// // A buffer from no pool: freed on drop like any other.
+/// let mut b = PooledBuf::from(AlignedBuf::zeroed(8)?);
+/// b[0] = 1;
+/// assert_eq!(b.buf().as_slice()[0], 1);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct PooledBuf {
     buf: AlignedBuf,
@@ -175,6 +312,16 @@ pub struct PooledBuf {
 
 impl PooledBuf {
     /// The buffer itself.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::BufPool;
+    /// let pool = BufPool::new(16 << 20, 2);
+    /// let b = pool.take(64)?;
+    /// assert_eq!(b.buf().len(), 64);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn buf(&self) -> &AlignedBuf {
         &self.buf
     }

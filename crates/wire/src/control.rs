@@ -43,6 +43,17 @@ pub const MAX_TOKEN_LEN: usize = 1024;
 /// What a client says in its Hello: the limits it asks for, and the bearer
 /// token that names its tenant, if it has one. (`Debug` shows the token's
 /// length, never its bytes.)
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_hello_request, encode_hello_with_token, Limits};
+/// let body = encode_hello_with_token(&Limits::default(), Some(b"tenant-token"));
+/// let hello = decode_hello_request(&body)?;
+/// assert_eq!(hello.token, Some(&b"tenant-token"[..]));
+/// assert!(!format!("{hello:?}").contains("tenant-token")); // Debug hides it
+/// # Ok::<(), wire::WireError>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Hello<'a> {
     /// The limits asked for (0 fields = no preference).
@@ -73,6 +84,16 @@ impl std::fmt::Debug for Hello<'_> {
 }
 
 /// Encodes a HelloAck body, or a Hello body without a token.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_hello, encode_hello, Limits};
+/// let ack = encode_hello(&Limits::default()); // the agent's HelloAck body
+/// assert_eq!(ack.len(), 32);
+/// assert_eq!(decode_hello(&ack)?, Limits::default());
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn encode_hello(l: &Limits) -> Vec<u8> {
     encode_hello_with_token(l, None)
 }
@@ -80,12 +101,35 @@ pub fn encode_hello(l: &Limits) -> Vec<u8> {
 /// Encodes a Hello body carrying `token` (empty = none). A token longer
 /// than [`MAX_TOKEN_LEN`] is the caller's bug: check it with
 /// [`check_token`] first (it would be refused by the agent).
+///
+/// # Examples
+///
+/// ```
+/// use wire::{check_token, decode_hello_request, encode_hello_with_token, Limits};
+/// let token = b"s3cret";
+/// check_token(token)?;
+/// let body = encode_hello_with_token(&Limits::default(), Some(token));
+/// assert_eq!(body.len(), 32 + token.len());
+/// assert_eq!(decode_hello_request(&body)?.token, Some(&token[..]));
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn encode_hello_with_token(l: &Limits, token: Option<&[u8]>) -> Vec<u8> {
     encode_hello_as(l, token, false)
 }
 
 /// Encodes a Hello body carrying `token`, marked [`HELLO_ANONYMOUS`] when
 /// `anonymous` (a relay speaking for a client it could not identify).
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_hello_request, encode_hello_as, Limits};
+/// // A gateway relaying a client it could not identify.
+/// let body = encode_hello_as(&Limits::default(), None, true);
+/// let hello = decode_hello_request(&body)?;
+/// assert!(hello.anonymous && hello.token.is_none());
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn encode_hello_as(l: &Limits, token: Option<&[u8]>, anonymous: bool) -> Vec<u8> {
     let token = token.unwrap_or_default();
     let token = &token[..token.len().min(MAX_TOKEN_LEN)];
@@ -102,6 +146,15 @@ pub fn encode_hello_as(l: &Limits, token: Option<&[u8]>, anonymous: bool) -> Vec
 }
 
 /// Checks a bearer token before it is sent: 1..=[`MAX_TOKEN_LEN`] bytes.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{check_token, MAX_TOKEN_LEN};
+/// assert!(check_token(b"abc").is_ok());
+/// assert!(check_token(b"").is_err());
+/// assert!(check_token(&vec![b'x'; MAX_TOKEN_LEN + 1]).is_err());
+/// ```
 pub fn check_token(token: &[u8]) -> Result<(), WireError> {
     if token.is_empty() || token.len() > MAX_TOKEN_LEN {
         return Err(WireError::malformed(format!(
@@ -113,6 +166,17 @@ pub fn check_token(token: &[u8]) -> Result<(), WireError> {
 }
 
 /// Decodes a HelloAck body (exactly 32 bytes, no token).
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_hello, encode_hello, encode_hello_with_token, Limits};
+/// let limits = Limits { max_in_flight: 4, ..Limits::default() };
+/// assert_eq!(decode_hello(&encode_hello(&limits))?, limits);
+/// // A HelloAck never carries a token.
+/// assert!(decode_hello(&encode_hello_with_token(&limits, Some(b"t"))).is_err());
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn decode_hello(b: &[u8]) -> Result<Limits, WireError> {
     let hello = decode_hello_request(b)?;
     if hello.token.is_some() {
@@ -125,6 +189,17 @@ pub fn decode_hello(b: &[u8]) -> Result<Limits, WireError> {
 }
 
 /// Decodes a Hello body: 32 bytes, then the token its `token_len` counts.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_hello_request, encode_hello, Limits};
+/// let body = encode_hello(&Limits::default());
+/// let hello = decode_hello_request(&body)?;
+/// assert_eq!((hello.limits, hello.token, hello.anonymous), (Limits::default(), None, false));
+/// assert!(decode_hello_request(&[0; 16]).is_err()); // shorter than 32 bytes
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn decode_hello_request(b: &[u8]) -> Result<Hello<'_>, WireError> {
     if b.len() < 32 {
         return Err(WireError::malformed(format!(
@@ -168,11 +243,31 @@ pub fn decode_hello_request(b: &[u8]) -> Result<Hello<'_>, WireError> {
 }
 
 /// Encodes a model name for ModelQuery.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_model_name, encode_model_name};
+/// let body = encode_model_name("digits"); // a ModelQuery's body
+/// assert_eq!(body, b"digits");
+/// assert_eq!(decode_model_name(&body)?, "digits");
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn encode_model_name(name: &str) -> Vec<u8> {
     name.as_bytes().to_vec()
 }
 
 /// Decodes a ModelQuery body: a 1..=255 byte UTF-8 name.
+///
+/// # Examples
+///
+/// ```
+/// use wire::decode_model_name;
+/// assert_eq!(decode_model_name(b"resnet50")?, "resnet50");
+/// assert!(decode_model_name(b"").is_err());
+/// assert!(decode_model_name(&[0xff, 0xfe]).is_err()); // not UTF-8
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn decode_model_name(b: &[u8]) -> Result<&str, WireError> {
     if b.is_empty() || b.len() > MAX_NAME_LEN {
         return Err(WireError::malformed(format!(
@@ -185,6 +280,17 @@ pub fn decode_model_name(b: &[u8]) -> Result<&str, WireError> {
 
 /// Encodes an Error body, truncating the message to [`MAX_ERROR_MESSAGE`]
 /// bytes on a character boundary.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_error_body, encode_error_body, MAX_ERROR_MESSAGE};
+/// let body = encode_error_body("unknown model 'x'");
+/// assert_eq!(decode_error_body(&body)?, "unknown model 'x'");
+/// // Long messages are cut to the limit.
+/// assert!(encode_error_body(&"e".repeat(10_000)).len() <= MAX_ERROR_MESSAGE);
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn encode_error_body(message: &str) -> Vec<u8> {
     let mut end = message.len().min(MAX_ERROR_MESSAGE);
     while !message.is_char_boundary(end) {
@@ -195,6 +301,14 @@ pub fn encode_error_body(message: &str) -> Vec<u8> {
 
 /// Decodes an Error body; invalid UTF-8 is replaced, not rejected, so the
 /// code is never lost to a bad message.
+///
+/// # Examples
+///
+/// ```
+/// use wire::decode_error_body;
+/// assert_eq!(decode_error_body(b"model busy")?, "model busy");
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn decode_error_body(b: &[u8]) -> Result<String, WireError> {
     if b.len() > MAX_ERROR_MESSAGE {
         return Err(WireError::malformed("error message longer than 4096 bytes"));
@@ -203,6 +317,19 @@ pub fn decode_error_body(b: &[u8]) -> Result<String, WireError> {
 }
 
 /// One input or output of a model.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{DType, TensorSpec};
+/// let image = TensorSpec {
+///     name: "pixels".into(),
+///     dtype: DType::F32,
+///     shape: vec![None, Some(3), Some(224), Some(224)],
+/// };
+/// assert_eq!(image.describe(), "float32[?, 3, 224, 224]");
+/// assert!(image.accepts(DType::F32, &[8, 3, 224, 224]));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
     /// Name as the model declares it.
@@ -215,6 +342,18 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     /// Whether a tensor of `dtype` and `shape` fits this spec.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{DType, TensorSpec};
+    /// let x = TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![None, Some(64)] };
+    /// assert!(x.accepts(DType::F32, &[1, 64]));
+    /// assert!(x.accepts(DType::F32, &[32, 64])); // any batch
+    /// assert!(!x.accepts(DType::F32, &[1, 63]));
+    /// assert!(!x.accepts(DType::F64, &[1, 64]));
+    /// assert!(!x.accepts(DType::F32, &[64]));
+    /// ```
     pub fn accepts(&self, dtype: DType, shape: &[u64]) -> bool {
         dtype == self.dtype
             && shape.len() == self.shape.len()
@@ -225,6 +364,14 @@ impl TensorSpec {
     }
 
     /// The shape as text, `?` for dynamic dims: `float32[?, 3, 224, 224]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{DType, TensorSpec};
+    /// let ids = TensorSpec { name: "input_ids".into(), dtype: DType::I64, shape: vec![Some(1), None] };
+    /// assert_eq!(ids.describe(), "int64[1, ?]");
+    /// ```
     pub fn describe(&self) -> String {
         let dims: Vec<String> = self
             .shape
@@ -236,6 +383,21 @@ impl TensorSpec {
 }
 
 /// A model's name and its inputs and outputs.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_signature, encode_signature, DType, ModelSignature, TensorSpec};
+/// let sig = ModelSignature {
+///     name: "digits".into(),
+///     inputs: vec![TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![None, Some(64)] }],
+///     outputs: vec![TensorSpec { name: "logits".into(), dtype: DType::F32, shape: vec![None, Some(10)] }],
+/// };
+/// let mut body = Vec::new();
+/// encode_signature(&sig, &mut body); // a ModelInfo message's body
+/// assert_eq!(decode_signature(&body)?, sig);
+/// # Ok::<(), wire::WireError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelSignature {
     /// Model name.
@@ -263,6 +425,24 @@ impl ModelSignature {
     /// count, and each one's dtype and shape. The error names the first
     /// offending tensor and what the model expects. The one check every
     /// layer (client, agent, engine) uses.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{DType, ModelSignature, TensorSpec};
+    /// let sig = ModelSignature {
+    ///     name: "digits".into(),
+    ///     inputs: vec![TensorSpec { name: "x".into(), dtype: DType::F32, shape: vec![None, Some(64)] }],
+    ///     outputs: vec![],
+    /// };
+    /// let ok: [(DType, &[u64]); 1] = [(DType::F32, &[4, 64])];
+    /// assert!(sig.check_inputs(ok.into_iter()).is_ok());
+    /// let bad: [(DType, &[u64]); 1] = [(DType::F32, &[4, 65])];
+    /// let why = sig.check_inputs(bad.into_iter()).unwrap_err();
+    /// assert_eq!(why, "model 'digits' input 'x' must be float32[?, 64], got float32[4, 65]");
+    /// let none: [(DType, &[u64]); 0] = [];
+    /// assert!(sig.check_inputs(none.into_iter()).is_err()); // wrong count
+    /// ```
     pub fn check_inputs<'a>(
         &self,
         inputs: impl ExactSizeIterator<Item = (DType, &'a [u64])>,
@@ -290,6 +470,21 @@ impl ModelSignature {
 }
 
 /// Appends a signature's encoding to `out`.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_signature, encode_signature, DType, ModelSignature, TensorSpec};
+/// let sig = ModelSignature {
+///     name: "echo".into(),
+///     inputs: vec![TensorSpec { name: "in".into(), dtype: DType::U8, shape: vec![None] }],
+///     outputs: vec![TensorSpec { name: "out".into(), dtype: DType::U8, shape: vec![None] }],
+/// };
+/// let mut body = Vec::new();
+/// encode_signature(&sig, &mut body);
+/// assert_eq!(decode_signature(&body)?, sig);
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn encode_signature(sig: &ModelSignature, out: &mut Vec<u8>) {
     put_name(out, &sig.name);
     out.extend_from_slice(&(sig.inputs.len() as u16).to_le_bytes());
@@ -306,6 +501,18 @@ pub fn encode_signature(sig: &ModelSignature, out: &mut Vec<u8>) {
 }
 
 /// Decodes one signature (a whole ModelInfo body).
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_signature, encode_signature, ModelSignature};
+/// let sig = ModelSignature { name: "m".into(), inputs: vec![], outputs: vec![] };
+/// let mut body = Vec::new();
+/// encode_signature(&sig, &mut body);
+/// assert_eq!(decode_signature(&body)?, sig);
+/// assert!(decode_signature(&body[..body.len() - 1]).is_err()); // truncated
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn decode_signature(b: &[u8]) -> Result<ModelSignature, WireError> {
     let mut r = Reader::new(b);
     let sig = r.signature()?;
@@ -314,6 +521,17 @@ pub fn decode_signature(b: &[u8]) -> Result<ModelSignature, WireError> {
 }
 
 /// Encodes a ModelList body.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_model_list, encode_model_list, ModelSignature};
+/// let a = ModelSignature { name: "a".into(), inputs: vec![], outputs: vec![] };
+/// let b = ModelSignature { name: "b".into(), inputs: vec![], outputs: vec![] };
+/// let body = encode_model_list(&[(1, a.clone()), (2, b.clone())]);
+/// assert_eq!(decode_model_list(&body)?, [(1, a), (2, b)]);
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn encode_model_list(models: &[(u32, ModelSignature)]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&(models.len() as u32).to_le_bytes());
@@ -325,6 +543,15 @@ pub fn encode_model_list(models: &[(u32, ModelSignature)]) -> Vec<u8> {
 }
 
 /// Decodes a ModelList body.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_model_list, encode_model_list};
+/// assert!(decode_model_list(&encode_model_list(&[]))?.is_empty());
+/// assert!(decode_model_list(&[1, 0]).is_err()); // truncated count
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn decode_model_list(b: &[u8]) -> Result<Vec<(u32, ModelSignature)>, WireError> {
     let mut r = Reader::new(b);
     let count = r.u32()? as usize;

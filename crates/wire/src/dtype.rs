@@ -3,6 +3,16 @@
 use crate::error::WireError;
 
 /// The element type of a tensor. The discriminant is the wire code.
+///
+/// # Examples
+///
+/// ```
+/// use wire::DType;
+/// // A tensor's bytes are its element count times its dtype's size.
+/// assert_eq!(DType::F16.size() * 3 * 224 * 224, 301_056);
+/// assert_eq!(DType::F32.to_string(), "float32");
+/// assert_eq!(DType::from_name("int64"), Some(DType::I64));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum DType {
@@ -53,6 +63,15 @@ impl DType {
     ];
 
     /// Size of one element in bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::DType;
+    /// assert_eq!(DType::BF16.size(), 2);
+    /// assert_eq!(DType::Bool.size(), 1);
+    /// assert_eq!(DType::U64.size(), 8);
+    /// ```
     pub const fn size(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
@@ -63,11 +82,29 @@ impl DType {
     }
 
     /// The wire code of this dtype.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::DType;
+    /// assert_eq!(DType::F32.code(), 1);
+    /// assert_eq!(DType::from_code(DType::I8.code())?, DType::I8);
+    /// # Ok::<(), wire::WireError>(())
+    /// ```
     pub const fn code(self) -> u8 {
         self as u8
     }
 
     /// The dtype with wire code `code`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{DType, WireError};
+    /// assert_eq!(DType::from_code(9)?, DType::U8);
+    /// assert!(matches!(DType::from_code(0), Err(WireError::UnknownDType(0))));
+    /// # Ok::<(), wire::WireError>(())
+    /// ```
     pub fn from_code(code: u8) -> Result<DType, WireError> {
         DType::ALL
             .get(usize::from(code).wrapping_sub(1))
@@ -76,6 +113,14 @@ impl DType {
     }
 
     /// Short lower-case name, as used by numpy (`float32`, `int64`, `bool`, ...).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::DType;
+    /// assert_eq!(DType::BF16.name(), "bfloat16");
+    /// assert_eq!(DType::Bool.name(), "bool");
+    /// ```
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "float32",
@@ -95,6 +140,15 @@ impl DType {
     }
 
     /// Parses a name produced by [`DType::name`] (also accepts `f32`, `i64`, ... forms).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::DType;
+    /// assert_eq!(DType::from_name("float16"), Some(DType::F16));
+    /// assert_eq!(DType::from_name("F16"), Some(DType::F16)); // short names, any case
+    /// assert_eq!(DType::from_name("complex64"), None);
+    /// ```
     pub fn from_name(name: &str) -> Option<DType> {
         let n = name.to_ascii_lowercase();
         DType::ALL.into_iter().find(|d| {

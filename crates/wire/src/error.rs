@@ -4,6 +4,15 @@ use thiserror::Error;
 
 /// A status code: `0` in every successful message, an error code in `Error`
 /// messages. Codes are stable wire values; see `docs/PROTOCOL.md`.
+///
+/// # Examples
+///
+/// ```
+/// use wire::Status;
+/// assert_eq!(Status::from_code(6), Some(Status::UnknownModel));
+/// assert_eq!(Status::UnknownModel.code(), 6);
+/// assert_eq!(Status::UnknownModel.to_string(), "unknown-model");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum Status {
@@ -48,6 +57,14 @@ pub enum Status {
 
 impl Status {
     /// The status with wire code `code`, if it is one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::Status;
+    /// assert_eq!(Status::from_code(0), Some(Status::Ok));
+    /// assert_eq!(Status::from_code(999), None);
+    /// ```
     pub fn from_code(code: u32) -> Option<Status> {
         use Status::*;
         [
@@ -73,11 +90,25 @@ impl Status {
     }
 
     /// The wire code.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::Status;
+    /// assert_eq!(Status::Overloaded.code(), 13);
+    /// ```
     pub const fn code(self) -> u32 {
         self as u32
     }
 
     /// A short name (`unknown-model`, ...).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::Status;
+    /// assert_eq!(Status::PermissionDenied.name(), "permission-denied");
+    /// ```
     pub const fn name(self) -> &'static str {
         match self {
             Status::Ok => "ok",
@@ -107,6 +138,15 @@ impl std::fmt::Display for Status {
 }
 
 /// Why bytes could not be decoded, or a message breaks a limit.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{Header, Status, WireError};
+/// let e = Header::decode(&[0u8; 10]).unwrap_err(); // fewer than 64 bytes
+/// assert!(matches!(e, WireError::Truncated { .. }));
+/// assert_eq!(e.status(), Status::Malformed); // what the peer is answered
+/// ```
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum WireError {
     /// The magic bytes are wrong: the stream is not tensorwire (or lost sync).
@@ -154,6 +194,15 @@ pub enum WireError {
 
 impl WireError {
     /// The status code an agent answers this error with.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Header, Kind, Status};
+    /// let mut b = Header::new(Kind::Ping).encode();
+    /// b[4] = 9; // version 9
+    /// assert_eq!(Header::decode(&b).unwrap_err().status(), Status::UnsupportedVersion);
+    /// ```
     pub fn status(&self) -> Status {
         match self {
             WireError::BadMagic(_) => Status::BadMagic,

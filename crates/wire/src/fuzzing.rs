@@ -42,6 +42,16 @@ const SMALL_LIMITS: Limits = Limits {
 /// message that decodes must encode back to exactly its bytes, and every
 /// tensor a decoded section describes must lie inside the payload. Those
 /// checks are assertions so that the fuzzer reports them as crashes.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{fuzz_decode, Header, Kind};
+/// let ping = Header::new(Kind::Ping).encode();
+/// assert!(fuzz_decode(&ping).is_ok());
+/// assert!(fuzz_decode(&ping[..63]).is_err());
+/// assert!(fuzz_decode(b"not a message at all, but long enough to be read as a header.....").is_err());
+/// ```
 pub fn fuzz_decode(bytes: &[u8]) -> Result<(), WireError> {
     let header = Header::decode(bytes)?;
     assert_eq!(

@@ -30,6 +30,18 @@ pub const MAGIC: [u8; 4] = *b"TWIR";
 pub const VERSION: u16 = 1;
 
 /// Header flag bits.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{flags, Header, Kind};
+/// let mut h = Header::new(Kind::Request);
+/// h.flags |= flags::WANT_TIMELINE;
+/// assert_eq!(h.flags & !flags::KNOWN, 0);
+/// let mut unknown = h.encode();
+/// unknown[7] |= 0x80; // a flag version 1 does not define
+/// assert!(Header::decode(&unknown).is_err());
+/// ```
 pub mod flags {
     /// Request: the client asks for the agent's timeline in the response.
     pub const WANT_TIMELINE: u8 = 1 << 0;
@@ -46,6 +58,16 @@ pub mod flags {
 }
 
 /// What a message is.
+///
+/// # Examples
+///
+/// ```
+/// use wire::Kind;
+/// assert_eq!(Kind::from_code(3)?, Kind::Request);
+/// assert!(Kind::Response.carries_tensors());
+/// assert!(!Kind::Ping.carries_tensors());
+/// # Ok::<(), wire::WireError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Kind {
@@ -78,6 +100,15 @@ pub enum Kind {
 
 impl Kind {
     /// The kind with wire code `code`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Kind, WireError};
+    /// assert_eq!(Kind::from_code(6)?, Kind::Ping);
+    /// assert!(matches!(Kind::from_code(200), Err(WireError::UnknownKind(200))));
+    /// # Ok::<(), wire::WireError>(())
+    /// ```
     pub fn from_code(code: u8) -> Result<Kind, WireError> {
         use Kind::*;
         [
@@ -90,12 +121,34 @@ impl Kind {
     }
 
     /// True for the two kinds that carry tensors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::Kind;
+    /// assert!(Kind::Request.carries_tensors());
+    /// assert!(!Kind::ModelInfo.carries_tensors());
+    /// ```
     pub fn carries_tensors(self) -> bool {
         matches!(self, Kind::Request | Kind::Response)
     }
 }
 
 /// A decoded header. Field meanings are in the module documentation.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{Header, Kind, Limits, HEADER_LEN};
+/// let mut h = Header::new(Kind::Request);
+/// h.request_id = 42;
+/// h.model_id = 1;
+/// let bytes: [u8; HEADER_LEN] = h.encode();
+/// let back = Header::decode(&bytes)?;
+/// assert_eq!(back, h);
+/// back.check_limits(&Limits::default())?; // before reading what it announces
+/// # Ok::<(), wire::WireError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
     /// What the message is.
@@ -125,6 +178,14 @@ pub struct Header {
 
 impl Header {
     /// A header of `kind` with every other field zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Header, Kind, Status};
+    /// let h = Header::new(Kind::Ping);
+    /// assert_eq!((h.request_id, h.payload_len, h.status), (0, 0, Status::Ok));
+    /// ```
     pub fn new(kind: Kind) -> Header {
         Header {
             kind,
@@ -141,6 +202,17 @@ impl Header {
     }
 
     /// The 64 wire bytes of this header.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Header, Kind, MAGIC};
+    /// let mut h = Header::new(Kind::Ping);
+    /// h.request_id = 7;
+    /// let b = h.encode();
+    /// assert_eq!(b[..4], MAGIC);
+    /// assert_eq!(b[8..16], 7u64.to_le_bytes());
+    /// ```
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC);
@@ -160,6 +232,19 @@ impl Header {
 
     /// Decodes a header, checking magic, version, kind, flags, status and the
     /// reserved bytes. Lengths are checked separately by [`Header::check_limits`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Header, Kind, WireError};
+    /// let b = Header::new(Kind::Pong).encode();
+    /// assert_eq!(Header::decode(&b)?.kind, Kind::Pong);
+    /// assert!(matches!(Header::decode(b"GET / HTTP/1.1\r\n"), Err(_)));
+    /// let mut bad = b;
+    /// bad[0] = b'X';
+    /// assert!(matches!(Header::decode(&bad), Err(WireError::BadMagic(_))));
+    /// # Ok::<(), wire::WireError>(())
+    /// ```
     pub fn decode(bytes: &[u8]) -> Result<Header, WireError> {
         // Every message pays for this function, so its failures are built
         // out of line (`bad_header`): the checks stay a few compares.
@@ -225,6 +310,16 @@ impl Header {
 
     /// Checks every length and count against `limits`. Call this before
     /// allocating or reading anything the header announces.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Header, Kind, Limits, Status};
+    /// let mut h = Header::new(Kind::Request);
+    /// h.payload_len = 1 << 40;
+    /// let e = h.check_limits(&Limits::default()).unwrap_err();
+    /// assert_eq!(e.status(), Status::LimitExceeded);
+    /// ```
     pub fn check_limits(&self, limits: &Limits) -> Result<(), WireError> {
         let over = |what, value: u64, limit: u64| {
             if value > limit {

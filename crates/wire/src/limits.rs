@@ -4,6 +4,18 @@
 ///
 /// The agent's limits are the most it accepts; a client may ask for less in
 /// its hello, and the acknowledged limits are the element-wise minimum.
+///
+/// # Examples
+///
+/// ```
+/// use wire::Limits;
+/// let agent = Limits::default();
+/// assert_eq!(agent.max_payload, 256 << 20);
+/// // A client that asks for less gets less; a 0 field asks for nothing.
+/// let asked = Limits { max_tensors: 0, max_in_flight: 8, max_payload: 1 << 30, max_desc_len: 0 };
+/// let agreed = agent.narrowed_by(&asked);
+/// assert_eq!(agreed, Limits { max_in_flight: 8, ..agent });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Most tensors in one request or response.
@@ -29,6 +41,17 @@ impl Default for Limits {
 
 impl Limits {
     /// The element-wise minimum; a zero in `asked` means "no preference".
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::Limits;
+    /// let agent = Limits { max_tensors: 4, ..Limits::default() };
+    /// let asked = Limits { max_tensors: 16, max_in_flight: 2, max_payload: 0, max_desc_len: 0 };
+    /// let l = agent.narrowed_by(&asked);
+    /// assert_eq!((l.max_tensors, l.max_in_flight), (4, 2));
+    /// assert_eq!(l.max_payload, agent.max_payload);
+    /// ```
     pub fn narrowed_by(&self, asked: &Limits) -> Limits {
         fn pick<T: Ord + Copy + Default + PartialEq>(mine: T, theirs: T) -> T {
             if theirs == T::default() {

@@ -27,12 +27,31 @@ pub const MAX_DIMS: usize = 8;
 pub const DESC_FIXED_LEN: usize = 24;
 
 /// Rounds `n` up to a multiple of [`PAYLOAD_ALIGN`]; `None` on overflow.
+///
+/// # Examples
+///
+/// ```
+/// use wire::align_up;
+/// assert_eq!(align_up(0), Some(0));
+/// assert_eq!(align_up(1), Some(64));
+/// assert_eq!(align_up(128), Some(128));
+/// assert_eq!(align_up(u64::MAX), None);
+/// ```
 pub fn align_up(n: u64) -> Option<u64> {
     n.checked_add(PAYLOAD_ALIGN - 1)
         .map(|v| v & !(PAYLOAD_ALIGN - 1))
 }
 
 /// Where one tensor lies in a payload, and what it is.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{DType, TensorDesc};
+/// let t = TensorDesc { dtype: DType::F32, shape: vec![2, 3], offset: 0, len: 24 };
+/// assert_eq!(TensorDesc::byte_len(t.dtype, &t.shape), Some(t.len));
+/// assert_eq!(t.encoded_len(), 24 + 2 * 8);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorDesc {
     /// Element type.
@@ -47,16 +66,43 @@ pub struct TensorDesc {
 
 impl TensorDesc {
     /// Bytes this descriptor takes on the wire.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{encode_tensor_section, DType, TensorDesc};
+    /// let t = TensorDesc { dtype: DType::U8, shape: vec![4, 4, 4], offset: 0, len: 64 };
+    /// let mut out = Vec::new();
+    /// encode_tensor_section(std::slice::from_ref(&t), None, &mut out);
+    /// assert_eq!(out.len(), t.encoded_len());
+    /// ```
     pub fn encoded_len(&self) -> usize {
         DESC_FIXED_LEN + 8 * self.shape.len()
     }
 
     /// Number of elements, or `None` on overflow.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::TensorDesc;
+    /// assert_eq!(TensorDesc::numel(&[2, 3, 4]), Some(24));
+    /// assert_eq!(TensorDesc::numel(&[]), Some(1)); // a scalar
+    /// assert_eq!(TensorDesc::numel(&[u64::MAX, 2]), None);
+    /// ```
     pub fn numel(shape: &[u64]) -> Option<u64> {
         shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 
     /// Byte length of a tensor of `dtype` and `shape`, or `None` on overflow.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{DType, TensorDesc};
+    /// assert_eq!(TensorDesc::byte_len(DType::F16, &[1, 3, 224, 224]), Some(301_056));
+    /// assert_eq!(TensorDesc::byte_len(DType::F64, &[1 << 62]), None);
+    /// ```
     pub fn byte_len(dtype: DType, shape: &[u64]) -> Option<u64> {
         TensorDesc::numel(shape)?.checked_mul(dtype.size() as u64)
     }
@@ -65,6 +111,17 @@ impl TensorDesc {
 /// Lays tensors of the given byte lengths out in a payload: returns each
 /// tensor's offset and the payload length. Offsets are 64-byte aligned and
 /// tensors follow each other in order.
+///
+/// # Examples
+///
+/// ```
+/// use wire::layout_payload;
+/// // Three tensors of 10, 100 and 4 bytes, each starting on a 64-byte boundary.
+/// let (offsets, total) = layout_payload([10, 100, 4]).ok_or("overflow")?;
+/// assert_eq!(offsets, [0, 64, 192]);
+/// assert_eq!(total, 196);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn layout_payload(lens: impl IntoIterator<Item = u64>) -> Option<(Vec<u64>, u64)> {
     let mut offsets = Vec::new();
     let mut end = 0u64;
@@ -77,6 +134,23 @@ pub fn layout_payload(lens: impl IntoIterator<Item = u64>) -> Option<(Vec<u64>, 
 }
 
 /// The decoded descriptor section of a request or response.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_tensor_section, encode_tensor_section, flags, DType, Header, Kind};
+/// use wire::{TensorDesc, Timeline};
+/// let tensors = vec![TensorDesc { dtype: DType::F32, shape: vec![10], offset: 0, len: 40 }];
+/// let timeline = Timeline::from_stamps([1, 2, 3, 4, 5, 6]);
+/// let mut desc = Vec::new();
+/// encode_tensor_section(&tensors, Some(&timeline), &mut desc);
+/// let mut h = Header::new(Kind::Response);
+/// h.flags = flags::HAS_TIMELINE;
+/// (h.tensor_count, h.desc_len, h.payload_len) = (1, desc.len() as u32, 40);
+/// let section = decode_tensor_section(&h, &desc)?;
+/// assert_eq!((section.tensors, section.timeline), (tensors, Some(timeline)));
+/// # Ok::<(), wire::WireError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct TensorSection {
     /// One descriptor per tensor, in order.
@@ -88,6 +162,30 @@ pub struct TensorSection {
 /// Appends the descriptor section for `tensors` (and `timeline`) to `out`.
 /// The caller sets `tensor_count`, `desc_len` and the `HAS_TIMELINE` flag in
 /// the header from what was written.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_tensor_section, encode_tensor_section, layout_payload};
+/// use wire::{DType, Header, Kind, TensorDesc};
+/// // A request for two tensors: an int64[1, 8] and a float32[1, 8].
+/// let shapes = [(DType::I64, vec![1, 8]), (DType::F32, vec![1, 8])];
+/// let lens: Vec<u64> = shapes.iter().map(|(d, s)| TensorDesc::byte_len(*d, s).unwrap_or(0)).collect();
+/// let (offsets, payload_len) = layout_payload(lens.iter().copied()).ok_or("overflow")?;
+/// let tensors: Vec<TensorDesc> = shapes
+///     .into_iter()
+///     .zip(offsets.into_iter().zip(lens))
+///     .map(|((dtype, shape), (offset, len))| TensorDesc { dtype, shape, offset, len })
+///     .collect();
+/// let mut desc = Vec::new();
+/// encode_tensor_section(&tensors, None, &mut desc);
+/// let mut h = Header::new(Kind::Request);
+/// h.tensor_count = tensors.len() as u32;
+/// h.desc_len = desc.len() as u32;
+/// h.payload_len = payload_len;
+/// assert_eq!(decode_tensor_section(&h, &desc)?.tensors, tensors);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn encode_tensor_section(
     tensors: &[TensorDesc],
     timeline: Option<&Timeline>,
@@ -109,6 +207,25 @@ pub fn encode_tensor_section(
 }
 
 /// Where the tensors a descriptor section describes are.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_tensor_section_in, encode_tensor_section, DType, Header, Kind, Placement};
+/// use wire::TensorDesc;
+/// // In a shared region tensors may come in any order.
+/// let tensors = [
+///     TensorDesc { dtype: DType::U8, shape: vec![64], offset: 128, len: 64 },
+///     TensorDesc { dtype: DType::U8, shape: vec![64], offset: 0, len: 64 },
+/// ];
+/// let mut desc = Vec::new();
+/// encode_tensor_section(&tensors, None, &mut desc);
+/// let mut h = Header::new(Kind::Request);
+/// (h.tensor_count, h.desc_len, h.payload_len) = (2, desc.len() as u32, 128);
+/// assert!(decode_tensor_section_in(&h, &desc, Placement::Region { len: 4096 }).is_ok());
+/// // In a stream payload they must come in order.
+/// assert!(decode_tensor_section_in(&h, &desc, Placement::Payload).is_err());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// In the message's payload (stream transports): offsets increasing,
@@ -127,6 +244,22 @@ pub enum Placement {
 /// `tensor_count` descriptors, consuming exactly `desc_len` bytes; known
 /// dtypes; at most [`MAX_DIMS`] dims; length = dims × dtype size; offsets
 /// aligned, increasing, non-overlapping and inside `payload_len`.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_tensor_section, encode_tensor_section, DType, Header, Kind, TensorDesc};
+/// let t = TensorDesc { dtype: DType::F32, shape: vec![4], offset: 0, len: 16 };
+/// let mut desc = Vec::new();
+/// encode_tensor_section(std::slice::from_ref(&t), None, &mut desc);
+/// let mut h = Header::new(Kind::Request);
+/// (h.tensor_count, h.desc_len, h.payload_len) = (1, desc.len() as u32, 16);
+/// assert_eq!(decode_tensor_section(&h, &desc)?.tensors, [t]);
+/// // A tensor reaching past the payload is refused before anything is read.
+/// h.payload_len = 8;
+/// assert!(decode_tensor_section(&h, &desc).is_err());
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSection, WireError> {
     decode_tensor_section_in(header, bytes, Placement::Payload)
 }
@@ -135,6 +268,21 @@ pub fn decode_tensor_section(header: &Header, bytes: &[u8]) -> Result<TensorSect
 /// shared-memory region, tensors may come in any order but must lie inside
 /// the region without overlapping, and `payload_len` must be their total
 /// length.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_tensor_section_in, encode_tensor_section, DType, Header, Kind, Placement};
+/// use wire::TensorDesc;
+/// let t = TensorDesc { dtype: DType::F32, shape: vec![256], offset: 4096, len: 1024 };
+/// let mut desc = Vec::new();
+/// encode_tensor_section(std::slice::from_ref(&t), None, &mut desc);
+/// let mut h = Header::new(Kind::Request);
+/// (h.tensor_count, h.desc_len, h.payload_len) = (1, desc.len() as u32, 1024);
+/// assert!(decode_tensor_section_in(&h, &desc, Placement::Region { len: 8192 }).is_ok());
+/// // Outside a region of 4 KiB.
+/// assert!(decode_tensor_section_in(&h, &desc, Placement::Region { len: 4096 }).is_err());
+/// ```
 pub fn decode_tensor_section_in(
     header: &Header,
     bytes: &[u8],

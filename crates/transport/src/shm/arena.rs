@@ -20,6 +20,16 @@ const SEALS: SealFlags = SealFlags::SHRINK
     .union(SealFlags::SEAL);
 
 /// A shared, fixed-size memory region backed by a sealed memfd.
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::Arena;
+/// let a = Arena::create("doc-arena", 1 << 16)?;
+/// assert_eq!(a.len(), 1 << 16);
+/// assert!(a.bytes(0..4096).iter().all(|&b| b == 0)); // zeroed
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct Arena {
     map: MmapMut,
@@ -29,6 +39,16 @@ pub struct Arena {
 impl Arena {
     /// Creates a zeroed arena of `len` bytes (a multiple of the page size is
     /// sensible), sealed against resizing. `name` only shows in /proc.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::shm::Arena;
+    /// let a = Arena::create("session-1", 4096)?;
+    /// assert!(!a.is_empty());
+    /// assert!(Arena::create("empty", 0).is_err());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn create(name: &str, len: usize) -> io::Result<Arena> {
         if len == 0 {
             return Err(io::Error::new(

@@ -54,6 +54,18 @@ use wire::{
 };
 
 /// Why a shared-memory session failed.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use transport::shm::{ShmChannel, ShmError};
+/// use wire::Limits;
+/// let dir = tempfile::tempdir()?;
+/// let r = ShmChannel::connect(&dir.path().join("none"), &Limits::default(), None, 1, Duration::from_secs(1));
+/// assert!(matches!(r, Err(ShmError::Io(_))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Error)]
 pub enum ShmError {
     /// The control socket failed.
@@ -91,6 +103,16 @@ pub const SLEEP_FUTEX: u32 = 1;
 pub const SLEEP_PARKED: u32 = 2;
 
 /// Sizes of a session's arena (the agent decides them).
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::{Layout, ShmSizes};
+/// let sizes = ShmSizes { client_len: 16 << 20, agent_len: 4 << 20, ..ShmSizes::default() };
+/// let layout = Layout::new(sizes.ring_capacity, sizes.client_len, sizes.agent_len)?;
+/// assert_eq!((layout.client_len, layout.agent_len()), (16 << 20, 4 << 20));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShmSizes {
     /// Slots per ring.
@@ -112,6 +134,17 @@ impl ShmSizes {
     /// take more than half the budget are halved (down to 8 slots) first;
     /// a budget below the header and the smallest rings leaves one page per
     /// region (over the budget: the least a session needs).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::shm::ShmSizes;
+    /// let asked = ShmSizes::default(); // 256 MiB + 64 MiB
+    /// let fitted = asked.within(64 << 20); // a tenant limited to 64 MiB arenas
+    /// assert!(fitted.client_len + fitted.agent_len < 64 << 20);
+    /// assert!(fitted.client_len > fitted.agent_len); // in proportion
+    /// assert_eq!(asked.within(1 << 40), asked); // fits: unchanged
+    /// ```
     pub fn within(self, max_arena: u64) -> ShmSizes {
         const PAGE: usize = 4096;
         let budget = usize::try_from(max_arena).unwrap_or(usize::MAX);
@@ -158,6 +191,17 @@ impl Default for ShmSizes {
 }
 
 /// How a receiver waits.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use transport::shm::WaitPolicy;
+/// // A latency-critical client: spin longer before sleeping.
+/// let eager = WaitPolicy { spin: Duration::from_millis(1), ..WaitPolicy::CLIENT };
+/// assert!(eager.spin > WaitPolicy::CLIENT.spin);
+/// assert_eq!(eager.slice, Duration::from_millis(20));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WaitPolicy {
     /// How long to spin before sleeping.
@@ -195,6 +239,40 @@ enum Side {
 }
 
 /// One side of a shared-memory session.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixListener;
+/// use std::time::Duration;
+/// use transport::shm::{ShmChannel, ShmSizes, WaitPolicy};
+/// use wire::{Header, Kind, Limits};
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("control.sock");
+/// let listener = UnixListener::bind(&path)?;
+/// let sizes = ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..ShmSizes::default() };
+/// let t = Duration::from_secs(5);
+/// // The agent side: answer the Hello, make the arena, hand it over.
+/// let agent = std::thread::spawn(move || -> Result<(), transport::shm::ShmError> {
+///     let (sock, _) = listener.accept()?;
+///     let (mut ch, limits) = ShmChannel::accept(sock, &Limits::default(), sizes, t)?;
+///     let (h, _) = ch.recv(&limits, WaitPolicy::AGENT, Some(t))?;
+///     let mut pong = Header::new(Kind::Pong);
+///     pong.request_id = h.request_id;
+///     ch.send(&pong, &[])?;
+///     Ok(())
+/// });
+/// // The client side: connect, map the arena, talk through its rings.
+/// let (mut ch, limits) = ShmChannel::connect(&path, &Limits::default(), None, 1, t)?;
+/// assert_eq!(ch.layout().client_len, 1 << 20);
+/// let mut ping = Header::new(Kind::Ping);
+/// ping.request_id = 2;
+/// assert!(ch.send(&ping, &[])?); // room in the ring
+/// let (h, _) = ch.recv(&limits, WaitPolicy::CLIENT, Some(t))?;
+/// assert_eq!((h.kind, h.request_id), (Kind::Pong, 2));
+/// agent.join().map_err(|_| "agent panicked")??;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct ShmChannel {
     arena: Arc<Arena>,
@@ -224,6 +302,17 @@ pub struct ShmChannel {
 /// 0755 directory), with `serve --socket-mode`. (An agent run by another
 /// service user would need its clients to trust that user's directory:
 /// not supported.)
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::control_path;
+/// let dir = tempfile::tempdir()?;
+/// std::env::set_var("TENSORWIRE_SHM_DIR", dir.path());
+/// assert_eq!(control_path("agent")?, dir.path().join("agent.sock"));
+/// assert!(control_path("../etc").is_err()); // names only, never paths
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn control_path(name: &str) -> io::Result<PathBuf> {
     if name.is_empty()
         || name.len() > 64

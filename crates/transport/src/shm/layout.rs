@@ -53,6 +53,16 @@ pub const CPU_PINNED: u32 = 1 << 31;
 const PAGE: usize = 4096;
 
 /// Where everything lives in one arena.
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::Layout;
+/// let l = Layout::new(256, 1 << 20, 1 << 20)?;
+/// assert!(l.data_off >= l.response_ring); // header page, rings, then data
+/// assert_eq!(l.arena_len, l.data_off + l.data_len);
+/// # Ok::<(), String>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Total bytes.
@@ -79,6 +89,16 @@ impl Layout {
     /// A layout with `ring_capacity` slots per ring, a client region of
     /// `client_len` bytes and an agent region of `agent_len` bytes (both
     /// rounded up to pages).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::shm::Layout;
+    /// let l = Layout::new(64, 5000, 1)?;
+    /// assert_eq!((l.client_len, l.agent_len()), (8192, 4096)); // whole pages
+    /// assert!(Layout::new(100, 4096, 4096).is_err()); // not a power of two
+    /// # Ok::<(), String>(())
+    /// ```
     pub fn new(ring_capacity: u32, client_len: usize, agent_len: usize) -> Result<Layout, String> {
         if !ring_capacity.is_power_of_two() || ring_capacity < 2 {
             return Err(format!(
@@ -163,6 +183,14 @@ impl Layout {
     }
 
     /// Bytes of the agent's region.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::shm::Layout;
+    /// assert_eq!(Layout::new(8, 4096, 65536)?.agent_len(), 65536);
+    /// # Ok::<(), String>(())
+    /// ```
     pub fn agent_len(&self) -> usize {
         self.data_len - self.client_len
     }
