@@ -259,7 +259,7 @@ passes the signature check (any length) and fails in ONNX Runtime.
 ...     slow.infer({"x": np.zeros(0, np.float32)})
 ... except tw.EngineError as e:
 ...     print(e)
-inference failed: inference failed: model 'slow_echo': Non-zero status code returned while running Mul node. Name:'scale' Status Message: ... 512 is invalid.
+inference failed: model 'slow_echo': Non-zero status code returned while running Mul node. Name:'scale' Status Message: ... 512 is invalid.
 >>> agent.stop()
 0"#
 );

@@ -243,7 +243,7 @@ class EngineError(TensorwireError):
     ...     slow.infer({"x": np.zeros(0, np.float32)})
     ... except tw.EngineError as e:
     ...     print(e)
-    inference failed: inference failed: model 'slow_echo': Non-zero status code returned while running Mul node. Name:'scale' Status Message: ... 512 is invalid.
+    inference failed: model 'slow_echo': Non-zero status code returned while running Mul node. Name:'scale' Status Message: ... 512 is invalid.
     >>> agent.stop()
     0
     """

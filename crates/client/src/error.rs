@@ -52,8 +52,10 @@ pub enum ClientError {
     /// The agent is shutting down and refused the request.
     #[error("agent is shutting down: {0}")]
     ShuttingDown(String),
-    /// The engine failed to run the model.
-    #[error("inference failed: {0}")]
+    /// The engine failed to run the model. The message is the agent's,
+    /// which already says what kind of failure it was ("inference failed:
+    /// …", "out of memory: …", "unsupported: …").
+    #[error("{0}")]
     Engine(String),
     /// The model's queue in the agent was full: the request was refused at
     /// once, not run (retry later, or elsewhere).
