@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 // repeats word for word (python/tests/test_doc_examples.py checks both and
 // runs their examples).
 create_exception!(
-    _native,
+    tensorwire,
     TensorwireError,
     PyException,
     r#"Every error tensorwire raises: catch it to handle them all.
@@ -29,7 +29,7 @@ UnknownModel - unknown model: no model named 'nope' (see `tensorwire models`)
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     ConnectError,
     TensorwireError,
     r#"The endpoint is malformed or could not be reached.
@@ -46,7 +46,7 @@ cannot connect: connect to unix:///nonexistent/agent.sock: No such file or direc
 cannot connect: bad endpoint 'bogus://nowhere': unknown scheme 'bogus' (known: inproc, unix, tcp, tls, shm, vsock)"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     UnknownModel,
     TensorwireError,
     r#"The agent serves no model by this name.
@@ -65,7 +65,7 @@ unknown model: no model named 'digits' (see `tensorwire models`)
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     InvalidInput,
     TensorwireError,
     r#"The tensors do not fit the model (names, count, dtype, shape), or are malformed.
@@ -87,7 +87,7 @@ digits: input "x" has shape [1, 8, 8], the model takes (?, 64)
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     LimitExceeded,
     TensorwireError,
     r#"A size or count is over the session's limits (a full shm arena included).
@@ -107,7 +107,7 @@ limit exceeded: a uint8[1099511627776] tensor is 1099511627776 bytes, the sessio
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     Overloaded,
     TensorwireError,
     r#"Refused at once, not run: the session already has its maximum of requests in flight,
@@ -136,7 +136,7 @@ more wait: of three requests sent at once, one is refused.
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     PermissionDenied,
     TensorwireError,
     r#"The client's tenant may not do this: call or see the model, or connect with this
@@ -174,7 +174,7 @@ permission denied: ...
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     Timeout,
     TensorwireError,
     r#"No response came within the timeout (the request was given up), or the request
@@ -198,7 +198,7 @@ timed out after 20ms waiting for the agent
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     Disconnected,
     TensorwireError,
     r#"The agent closed the connection or died.
@@ -218,7 +218,7 @@ Examples
 Disconnected"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     ShuttingDown,
     Disconnected,
     r#"The agent is shutting down and refused the request.
@@ -241,7 +241,7 @@ class, Disconnected, handles both:
 ShuttingDown - agent is shutting down: the agent is shutting down and accepts no new requests"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     EngineError,
     TensorwireError,
     r#"The engine failed to run the model.
@@ -264,7 +264,7 @@ inference failed: model 'slow_echo': Non-zero status code returned while running
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     ProtocolError,
     TensorwireError,
     r#"The agent broke the protocol, or reported an error of another kind.
@@ -294,7 +294,7 @@ protocol error: expected HelloAck, agent sent Hello
 >>> server.close()"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     ReleasedError,
     TensorwireError,
     r#"The output (or buffer) was released; its memory may hold something else now.
@@ -316,7 +316,7 @@ output 'a' was released (out.release())
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     ForkedError,
     TensorwireError,
     r#"The object belongs to the process this one was forked from.
@@ -344,7 +344,7 @@ this client was made before fork() and belongs to the parent process; connect ag
 0"#
 );
 create_exception!(
-    _native,
+    tensorwire,
     AgentError,
     TensorwireError,
     r#"An embedded agent could not start (bad endpoint, model, or setting).

@@ -3,6 +3,7 @@ the message the CLI prints; the session goes on."""
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 
 import numpy as np
@@ -30,6 +31,12 @@ def test_exceptions_are_tensorwire_errors():
         tw.AgentError,
     ]:
         assert issubclass(e, tw.TensorwireError)
+        # Named where users import them, so tracebacks say tensorwire.X
+        # and an error raised in a worker process pickles back to the
+        # parent (multiprocessing, ProcessPoolExecutor).
+        assert e.__module__ == "tensorwire", e
+        back = pickle.loads(pickle.dumps(e("the message")))
+        assert type(back) is e and str(back) == "the message"
     assert issubclass(tw.ShuttingDown, tw.Disconnected)
 
 
