@@ -1031,6 +1031,36 @@ fn bad_uris_and_unreachable_agents_are_clear_errors() {
     });
 }
 
+/// A client pointed at a port where another protocol answers (here an
+/// HTTP server, as a KServe door would) gets a protocol error naming what
+/// answered, at connect, not "agent gone".
+#[test]
+fn a_server_speaking_another_protocol_is_named_as_such() {
+    within(LIMIT, "another protocol", || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let uri = format!("tcp://{}", l.local_addr().expect("addr"));
+        let server = std::thread::spawn(move || {
+            // As an HTTP server does: read what came (the Hello), answer
+            // 400, close.
+            let (mut s, _) = l.accept().expect("accept");
+            let _ = s.set_read_timeout(Some(Duration::from_millis(300)));
+            let mut got = [0u8; 4096];
+            let _ = std::io::Read::read(&mut s, &mut got);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        });
+        match Client::connect(&uri) {
+            Err(ClientError::Protocol(msg)) => assert!(
+                msg.contains(&uri)
+                    && msg.contains("does not speak tensorwire")
+                    && msg.contains("(\"HTTP\")"),
+                "{msg}"
+            ),
+            other => panic!("{uri}: expected a protocol error, got {other:?}"),
+        }
+        server.join().expect("server");
+    });
+}
+
 #[test]
 fn small_limits_are_enforced_by_client_and_agent() {
     within(LIMIT, "small limits", || {

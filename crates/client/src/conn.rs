@@ -316,11 +316,38 @@ pub struct ModelInfo {
     pub signature: ModelSignature,
 }
 
+/// Why a stream session is over: every later call fails with it.
+#[derive(Clone)]
+struct Death {
+    why: String,
+    /// The peer sent bytes that are not the protocol (another server on
+    /// that port, or a broken agent), not a clean end or an I/O failure.
+    protocol: bool,
+}
+
+impl Death {
+    fn gone(why: String) -> Death {
+        Death {
+            why,
+            protocol: false,
+        }
+    }
+
+    /// The error a call that finds the session dead returns.
+    fn error(&self) -> ClientError {
+        if self.protocol {
+            ClientError::Protocol(self.why.clone())
+        } else {
+            ClientError::AgentGone(self.why.clone())
+        }
+    }
+}
+
 struct Shared {
     completed: IdMap<Frame>,
     abandoned: IdSet,
     reading: bool,
-    dead: Option<String>,
+    dead: Option<Death>,
     /// Ids of requests sent and not yet answered (control messages excluded).
     pending: PendingIds,
     /// Callers blocked on the condition variable: notifying it is a
@@ -1600,7 +1627,7 @@ impl Inner {
                 {
                     let mut sh = lock(&s.shared);
                     if let Some(d) = &sh.dead {
-                        return Err(ClientError::AgentGone(d.clone()));
+                        return Err(d.error());
                     }
                     if h.kind == Kind::Request {
                         if sh.pending.len() >= self.limits.max_in_flight as usize {
@@ -1615,7 +1642,7 @@ impl Inner {
                     .map_err(|e| {
                         let msg = format!("sending to {} failed: {e}", self.uri);
                         let mut sh = lock(&s.shared);
-                        sh.dead.get_or_insert(msg.clone());
+                        sh.dead.get_or_insert(Death::gone(msg.clone()));
                         s.wake(&sh);
                         ClientError::AgentGone(msg)
                     })
@@ -1636,11 +1663,13 @@ impl Inner {
         let before = sh.dead.take();
         self.absorb(&mut sh, r);
         let why = match sh.dead.take() {
-            Some(d) if d.starts_with("agent closed the session") => d,
-            _ => before.unwrap_or(fallback),
+            // Its answer said why, or was not tensorwire at all.
+            Some(d) if d.protocol || d.why.starts_with("agent closed the session") => d,
+            _ => before.unwrap_or(Death::gone(fallback)),
         };
-        sh.dead = Some(why.clone());
-        ClientError::AgentGone(why)
+        let e = why.error();
+        sh.dead = Some(why);
+        e
     }
 
     /// Called by a blocked sender when the socket is readable: reads one
@@ -1671,10 +1700,10 @@ impl Inner {
             Ok(f) if f.header.kind == Kind::Error && f.header.request_id == 0 => {
                 // A session-level error: the agent closes the connection.
                 let msg = decode_error_body(&f.desc).unwrap_or_default();
-                sh.dead.get_or_insert(format!(
+                sh.dead.get_or_insert(Death::gone(format!(
                     "agent closed the session ({}): {msg}",
                     f.header.status
-                ));
+                )));
             }
             Ok(f) => {
                 let id = f.header.request_id;
@@ -1686,10 +1715,16 @@ impl Inner {
             Err(RecvError::TimedOut) => {}
             Err(RecvError::Closed) => {
                 sh.dead
-                    .get_or_insert(format!("{} closed the connection", self.uri));
+                    .get_or_insert(Death::gone(format!("{} closed the connection", self.uri)));
+            }
+            Err(RecvError::Wire(e)) => {
+                sh.dead.get_or_insert(Death {
+                    why: format!("{} does not speak tensorwire: {e}", self.uri),
+                    protocol: true,
+                });
             }
             Err(e) => {
-                sh.dead.get_or_insert(e.to_string());
+                sh.dead.get_or_insert(Death::gone(e.to_string()));
             }
         }
     }
@@ -1742,7 +1777,7 @@ impl Inner {
                 return Ok(f);
             }
             if let Some(d) = &sh.dead {
-                return Err(ClientError::AgentGone(d.clone()));
+                return Err(d.error());
             }
             let now = Instant::now();
             if now >= deadline {
@@ -1807,7 +1842,7 @@ impl Inner {
                 if let Some(f) = sh.completed.remove(&id) {
                     return Some(Ok(f));
                 }
-                sh.dead.clone().map(|d| Err(ClientError::AgentGone(d)))
+                sh.dead.as_ref().map(|d| Err(d.error()))
             }
         }
     }

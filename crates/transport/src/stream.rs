@@ -45,7 +45,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
-use wire::{align_up, Header, Limits, HEADER_LEN};
+use wire::{align_up, Header, Limits, WireError, HEADER_LEN, MAGIC};
 
 /// Size of the staging buffer a header is read into (payload bytes that
 /// arrive with the header are moved out of it).
@@ -746,7 +746,18 @@ impl StreamConn {
     /// ```
     pub fn recv_head(&mut self, limits: &Limits) -> Result<(Header, Vec<u8>), RecvError> {
         let park = self.parking;
-        self.fill(HEADER_LEN, true, park)?;
+        if let Err(e) = self.fill(HEADER_LEN, true, park) {
+            // A peer speaking another protocol may say less than a header
+            // and close (an HTTP server's short 400): its first bytes say
+            // more than the early end does.
+            let got = &self.staging[self.start..self.end];
+            return match got.first_chunk::<4>() {
+                Some(m) if *m != MAGIC && !matches!(e, RecvError::WouldBlock) => {
+                    Err(WireError::BadMagic(*m).into())
+                }
+                _ => Err(e),
+            };
+        }
         let header = Header::decode(&self.staging[self.start..self.start + HEADER_LEN])?;
         header.check_limits(limits)?;
         let dlen = header.desc_len as usize;

@@ -150,7 +150,7 @@ impl std::fmt::Display for Status {
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum WireError {
     /// The magic bytes are wrong: the stream is not tensorwire (or lost sync).
-    #[error("bad magic {0:02x?}: not a tensorwire v1 stream")]
+    #[error("bad magic {0:02x?}{text}: not a tensorwire v1 stream", text = as_text(.0))]
     BadMagic([u8; 4]),
     /// The protocol version is not 1.
     #[error("unsupported protocol version {0} (this peer speaks 1)")]
@@ -231,6 +231,16 @@ pub(crate) fn need(what: &'static str, bytes: &[u8], need: usize) -> Result<(), 
     }
 }
 
+/// ` ("HTTP")` when the bytes are printable ASCII — what a peer speaking
+/// another protocol usually sends first — else nothing.
+fn as_text(bytes: &[u8; 4]) -> String {
+    if bytes.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        format!(" (\"{}\")", String::from_utf8_lossy(bytes))
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,5 +251,18 @@ mod tests {
             assert_eq!(Status::from_code(c).unwrap().code(), c);
         }
         assert!(Status::from_code(16).is_none());
+    }
+
+    /// A peer speaking another protocol is named by what it sent.
+    #[test]
+    fn bad_magic_shows_text_when_it_is_text() {
+        assert_eq!(
+            WireError::BadMagic(*b"HTTP").to_string(),
+            "bad magic [48, 54, 54, 50] (\"HTTP\"): not a tensorwire v1 stream"
+        );
+        assert_eq!(
+            WireError::BadMagic([0x16, 3, 1, 0]).to_string(),
+            "bad magic [16, 03, 01, 00]: not a tensorwire v1 stream"
+        );
     }
 }
