@@ -303,16 +303,18 @@ mod tests {
             max_connections_per_peer: per_peer,
             ..AgentConfig::default()
         };
+        let doors = DoorsConfig {
+            grpc: vec!["grpc://127.0.0.1:0".into()],
+            http: vec!["http://127.0.0.1:0".into()],
+            ..DoorsConfig::default()
+        };
+        agent_with(cfg, doors)
+    }
+
+    /// An agent serving identity with `cfg`, and `doors` over it.
+    fn agent_with(cfg: AgentConfig, doors: DoorsConfig) -> (Agent, FrontDoors) {
         let agent = Agent::with_registry(cfg, ModelRegistry::with_identity()).expect("agent");
-        let doors = FrontDoors::start(
-            agent.core().clone(),
-            DoorsConfig {
-                grpc: vec!["grpc://127.0.0.1:0".into()],
-                http: vec!["http://127.0.0.1:0".into()],
-                ..DoorsConfig::default()
-            },
-        )
-        .expect("doors");
+        let doors = FrontDoors::start(agent.core().clone(), doors).expect("doors");
         (agent, doors)
     }
 
@@ -403,16 +405,14 @@ mod tests {
             stall_timeout: stall,
             ..AgentConfig::default()
         };
-        let agent = Agent::with_registry(cfg, ModelRegistry::with_identity()).expect("agent");
-        let doors = FrontDoors::start(
-            agent.core().clone(),
+        let (agent, doors) = agent_with(
+            cfg,
             DoorsConfig {
                 http: vec!["http://127.0.0.1:0".into()],
                 metrics: Some("http://127.0.0.1:0".into()),
                 ..DoorsConfig::default()
             },
-        )
-        .expect("doors");
+        );
         let metrics = doors.metrics_uri().expect("the metrics listener");
         for uri in doors.uris().into_iter().chain([metrics]) {
             let mut slow = TcpStream::connect(addr(uri)).expect("connect");
