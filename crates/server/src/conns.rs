@@ -26,10 +26,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use transport::{PeerId, StreamWriter};
 
-/// At most one log line per refused peer per interval.
+/// At most one log line per refused peer per interval ([`RefusalLog`]).
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(server::conns::LOG_INTERVAL.as_secs(), 10);
+/// ```
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How shutdown and the reaper reach an open connection.
+///
+/// Example: [`ConnTable`] (a front door's TCP connection, `Conn::Tcp`).
 pub enum Conn {
     /// A socket session: shutting its socket down ends it.
     Stream(StreamWriter),
@@ -55,6 +63,9 @@ impl Conn {
 }
 
 /// What a connection is doing, as far as the reaper cares.
+///
+/// Example: [`ConnTable`] (a slot moved out of its handshake with
+/// [`Slot::set`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Phase {
@@ -100,6 +111,30 @@ struct Open {
 }
 
 /// Counters of the table.
+///
+/// # Examples
+///
+/// A running agent's table, read through its core (one client session,
+/// past its handshake, idle between requests):
+///
+/// ```
+/// use server::conns::ConnCounts;
+/// # let dir = tempfile::tempdir()?;
+/// # let uri = format!("unix://{}", dir.path().join("a.sock").display());
+/// let mut cfg = server::AgentConfig::default();
+/// cfg.add_listen(&uri)?;
+/// let agent = server::Agent::start(cfg)?;
+/// let c = client::Client::connect(&uri)?;
+/// let mut counts = agent.core().conns().counts();
+/// for _ in 0..1000 {
+///     if counts.idle == 1 { break; } // the session parks once its Hello is answered
+///     std::thread::sleep(std::time::Duration::from_millis(1));
+///     counts = agent.core().conns().counts();
+/// }
+/// assert_eq!(counts, ConnCounts { open: 1, peers: 1, idle: 1, ..ConnCounts::default() });
+/// drop(c);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnCounts {
     /// Connections open now.
@@ -115,6 +150,9 @@ pub struct ConnCounts {
 }
 
 /// Why a connection was refused.
+///
+/// Example: [`ConnTable`] (a second connection of one peer over its
+/// limit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// The agent holds `max_connections`.
@@ -125,6 +163,14 @@ pub enum Refusal {
 
 impl Refusal {
     /// What the refused client is told.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::conns::Refusal;
+    /// let m = Refusal::Full(256).message();
+    /// assert_eq!(m, "the agent already serves 256 connections (its limit)");
+    /// ```
     pub fn message(&self) -> String {
         match self {
             Refusal::Full(n) => format!("the agent already serves {n} connections (its limit)"),
@@ -137,6 +183,42 @@ impl Refusal {
 }
 
 /// Every open connection, counted per peer.
+///
+/// An agent has one ([`AgentCore::conns`](crate::dispatch::AgentCore::conns));
+/// a listener that runs beside it (as the KServe front doors do) admits
+/// each connection it accepts there, so every connection counts against
+/// the same limits.
+///
+/// # Examples
+///
+/// A front end's TCP connections, at most one per peer:
+///
+/// ```
+/// use server::conns::{Conn, ConnTable, Phase, Refusal};
+/// use std::net::{TcpListener, TcpStream};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use transport::PeerId;
+/// let table = Arc::new(ConnTable::new(16, 1));
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let _a = TcpStream::connect(listener.local_addr()?)?;
+/// let (s, addr) = listener.accept()?;
+/// let peer = PeerId::Addr(addr.ip());
+/// let slot = table.admit(Conn::Tcp(Arc::new(s)), peer).map_err(|r| r.message())?;
+/// assert_eq!(slot.phase(), Phase::Handshake);
+/// slot.set(Phase::Busy); // its first request came
+/// assert_eq!((table.counts().open, table.counts().handshaking), (1, 0));
+///
+/// let _b = TcpStream::connect(listener.local_addr()?)?;
+/// let (s2, _) = listener.accept()?;
+/// let refused = table.admit(Conn::Tcp(Arc::new(s2)), peer).err();
+/// assert_eq!(refused, Some(Refusal::PeerFull(peer, 1)));
+///
+/// drop(slot); // the session ended: its place is given back
+/// assert_eq!(table.counts().open, 0);
+/// assert!(table.close_all(Duration::from_millis(10)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ConnTable {
     open: Mutex<Open>,
     closed: Condvar,
@@ -170,6 +252,8 @@ impl std::fmt::Debug for ConnTable {
 }
 
 /// A session's place in the table: dropping it gives the connection back.
+///
+/// Example: [`ConnTable`].
 pub struct Slot {
     table: Arc<ConnTable>,
     id: u64,
@@ -178,6 +262,13 @@ pub struct Slot {
 
 impl ConnTable {
     /// An empty table with these limits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let table = server::conns::ConnTable::new(1024, 64);
+    /// assert_eq!(table.counts().open, 0);
+    /// ```
     pub fn new(max: usize, max_per_peer: usize) -> ConnTable {
         ConnTable {
             open: Mutex::new(Open::default()),
@@ -206,6 +297,8 @@ impl ConnTable {
 
     /// Admits a connection from `peer`, in its handshake, unless a limit is
     /// reached; a refusal is counted and logged (rate-limited).
+    ///
+    /// Example: [`ConnTable`].
     pub fn admit(self: &Arc<Self>, conn: Conn, peer: PeerId) -> Result<Slot, Refusal> {
         let mut open = self.lock();
         let refusal = if open.entries.len() >= self.max {
@@ -265,7 +358,7 @@ impl ConnTable {
         self.closed.notify_all();
     }
 
-    /// What is open now.
+    /// What is open now. Examples: [`ConnCounts`], [`ConnTable`].
     pub fn counts(&self) -> ConnCounts {
         let open = self.lock();
         let mut c = ConnCounts {
@@ -287,6 +380,33 @@ impl ConnTable {
 
     /// Closes every open connection and waits up to `limit` for their
     /// sessions to end; true when none is left.
+    ///
+    /// # Examples
+    ///
+    /// A connection whose owner drops its slot when its socket is shut
+    /// down, as a session does:
+    ///
+    /// ```
+    /// use server::conns::{Conn, ConnTable};
+    /// use std::io::Read;
+    /// use std::net::{TcpListener, TcpStream};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// let table = Arc::new(ConnTable::new(16, 16));
+    /// let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// let _peer = TcpStream::connect(listener.local_addr()?)?;
+    /// let (s, addr) = listener.accept()?;
+    /// let s = Arc::new(s);
+    /// let slot = table.admit(Conn::Tcp(s.clone()), transport::PeerId::Addr(addr.ip()))
+    ///     .map_err(|r| r.message())?;
+    /// let session = std::thread::spawn(move || {
+    ///     let _ = (&*s).read(&mut [0u8; 1]); // returns once close_all shuts the socket
+    ///     drop(slot);
+    /// });
+    /// assert!(table.close_all(Duration::from_secs(5)));
+    /// session.join().unwrap();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn close_all(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         let mut open = self.lock();
@@ -350,7 +470,7 @@ impl Slot {
     /// The session moved to `phase`: the reaper's deadline counts from now,
     /// unless it already was in that phase (a stalled peer that trickles
     /// bytes does not restart its clock). No effect once the reaper closed
-    /// it.
+    /// it. Example: [`ConnTable`].
     pub fn set(&self, phase: Phase) {
         let word = &self.state.0;
         let mut cur = word.load(Ordering::Relaxed);
@@ -370,6 +490,25 @@ impl Slot {
     /// in time (a listener that keeps its own deadline, as the KServe
     /// doors do): counted as the reaper counts it, unless the reaper
     /// already did or the connection has left its handshake.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::conns::{Conn, ConnTable};
+    /// use std::net::{TcpListener, TcpStream};
+    /// use std::sync::atomic::Ordering;
+    /// use std::sync::Arc;
+    /// let table = Arc::new(ConnTable::new(16, 16));
+    /// let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// let _silent = TcpStream::connect(listener.local_addr()?)?;
+    /// let (s, addr) = listener.accept()?;
+    /// let slot = table.admit(Conn::Tcp(Arc::new(s)), transport::PeerId::Addr(addr.ip()))
+    ///     .map_err(|r| r.message())?;
+    /// slot.handshake_timed_out(); // no byte within the door's deadline
+    /// slot.handshake_timed_out(); // counted once
+    /// assert_eq!(table.handshake_timeouts.load(Ordering::Relaxed), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn handshake_timed_out(&self) {
         let word = self.state.0.load(Ordering::Relaxed);
         if word != CLOSING
@@ -387,6 +526,7 @@ impl Slot {
     }
 
     /// The session's phase now (`Busy` once the reaper closed it).
+    /// Example: [`ConnTable`].
     pub fn phase(&self) -> Phase {
         match self.state.0.load(Ordering::Relaxed) {
             CLOSING => Phase::Busy,

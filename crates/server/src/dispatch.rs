@@ -61,6 +61,38 @@ const POOL_BUFS: usize = 32;
 /// How much of the payload budget a request read from a socket takes at a
 /// time ([`AgentCore::prepare_streamed`]): its first step when it is
 /// admitted, each next one before its bytes are read.
+///
+/// # Examples
+///
+/// A 3 MiB request streamed from a socket holds one step of the budget
+/// until it asks for more:
+///
+/// ```
+/// use server::dispatch::{AgentCore, RESERVE_STEP};
+/// use server::stats::Via;
+/// use server::ModelRegistry;
+/// # use wire::{encode_tensor_section, DType, Header, TensorDesc};
+/// # fn request(id: u64, model_id: u32, len: u64) -> (Header, Vec<u8>) {
+/// #     let t = TensorDesc { dtype: DType::U8, shape: vec![len], offset: 0, len };
+/// #     let mut desc = Vec::new();
+/// #     encode_tensor_section(&[t], None, &mut desc);
+/// #     let mut h = Header::new(wire::Kind::Request);
+/// #     (h.request_id, h.model_id, h.tensor_count) = (id, model_id, 1);
+/// #     (h.desc_len, h.payload_len) = (desc.len() as u32, len);
+/// #     (h, desc)
+/// # }
+/// let core = AgentCore::new(ModelRegistry::with_identity(), wire::Limits::default(), 64 << 20);
+/// let (h, desc) = request(1, 0, 3 << 20);
+/// let grant = server::dispatch::Grant::open(core.limits);
+/// let p = core.prepare_streamed(Via::Unix, &h, &desc, &grant, &core.timeline(&h))
+///     .map_err(|r| format!("{:?}", r.header.status))?;
+/// assert_eq!(core.payload_budget_left(), (64 << 20) - RESERVE_STEP);
+/// assert!(p.reserve_through(2 * RESERVE_STEP)); // before reading the second MiB
+/// assert_eq!(core.payload_budget_left(), (64 << 20) - 2 * RESERVE_STEP);
+/// drop(p);
+/// assert_eq!(core.payload_budget_left(), 64 << 20);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const RESERVE_STEP: u64 = 1 << 20;
 
 /// A message to send back: header, descriptor section (or control body),
@@ -224,7 +256,18 @@ fn tenant_ask(model: &ModelEntry, h: &Header, ticket: Option<&Ticket>) -> Ask {
     ask
 }
 
-/// Agent-wide counters.
+/// Agent-wide counters ([`AgentCore::counters`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::atomic::Ordering;
+/// let agent = server::Agent::start(server::AgentConfig::default())?;
+/// let counters = &agent.core().counters;
+/// assert_eq!(counters.responses.load(Ordering::Relaxed), 0);
+/// assert_eq!(counters.errors.load(Ordering::Relaxed), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Requests that got a response.
@@ -260,12 +303,61 @@ pub struct Grant {
 
 impl Grant {
     /// Limits only, no tenant: every model, within the agent's limits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let g = server::dispatch::Grant::open(wire::Limits::default());
+    /// assert!(g.seat.is_none());
+    /// ```
     pub fn open(limits: Limits) -> Grant {
         Grant { limits, seat: None }
     }
 }
 
 /// The agent's shared state: models, limits, shutdown flag, counters.
+///
+/// Every transport and front door serves requests through one: an
+/// embedded [`Agent`](crate::Agent) hands its own out
+/// ([`Agent::core`](crate::Agent::core)); a front end of its own (a new
+/// protocol in front of the same models, queues and limits) calls
+/// [`prepare`](AgentCore::prepare) → [`execute`](AgentCore::execute).
+///
+/// # Examples
+///
+/// A front end serving one request for `identity` on the agent's core:
+///
+/// ```
+/// use server::{Agent, AgentConfig};
+/// use wire::Kind;
+/// # use wire::{encode_tensor_section, DType, Header, TensorDesc};
+/// # fn request(id: u64, model_id: u32, len: u64) -> (Header, Vec<u8>) {
+/// #     let t = TensorDesc { dtype: DType::U8, shape: vec![len], offset: 0, len };
+/// #     let mut desc = Vec::new();
+/// #     encode_tensor_section(&[t], None, &mut desc);
+/// #     let mut h = Header::new(wire::Kind::Request);
+/// #     (h.request_id, h.model_id, h.tensor_count) = (id, model_id, 1);
+/// #     (h.desc_len, h.payload_len) = (desc.len() as u32, len);
+/// #     (h, desc)
+/// # }
+/// let agent = Agent::start(AgentConfig::default())?;
+/// let core = agent.core();
+/// let model = core.registry.find("identity").ok_or("identity is always served")?;
+/// let (h, desc) = request(7, model.id, 4);
+/// let payload = [1u8, 2, 3, 4];
+///
+/// let p = core.prepare(&h, &desc, &core.limits).map_err(|r| format!("{:?}", r.header.status))?;
+/// assert_eq!(core.in_flight(), 1);
+/// let inputs = p.views(&payload);
+/// let mut tl = core.timeline(&h);
+/// let reply = core.execute(&p, &inputs, &mut tl);
+/// assert_eq!((reply.header.kind, reply.header.request_id), (Kind::Response, 7));
+/// assert_eq!(reply.payload(&inputs), [&payload[..]]);
+/// drop(p); // answered: no longer in flight
+/// assert_eq!(core.in_flight(), 0);
+/// assert_eq!(agent.stats().responses, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct AgentCore {
     /// Every model.
@@ -299,6 +391,22 @@ pub struct AgentCore {
 impl AgentCore {
     /// A core serving `registry` under `limits`, with at most
     /// `payload_budget` payload bytes held by requests in flight at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::dispatch::AgentCore;
+    /// use server::ModelRegistry;
+    /// use std::time::Duration;
+    /// let core = AgentCore::new(ModelRegistry::with_identity(), wire::Limits::default(), 1 << 30)
+    ///     .with_connections(64, 8, Duration::from_millis(500))
+    ///     .with_stall_timeout(Duration::from_secs(5))
+    ///     .with_request_timing(false);
+    /// assert_eq!(core.payload_budget_left(), 1 << 30);
+    /// assert_eq!(core.handshake_timeout(), Duration::from_millis(500));
+    /// assert_eq!(core.stall_timeout(), Duration::from_secs(5));
+    /// assert!(!core.request_timing());
+    /// ```
     pub fn new(registry: ModelRegistry, limits: Limits, payload_budget: u64) -> AgentCore {
         let defaults = crate::config::AgentConfig::default();
         AgentCore {
@@ -330,6 +438,25 @@ impl AgentCore {
     /// `max_per_peer` per peer, and giving new ones `handshake_timeout` to
     /// start their handshake (the agent's `[connections]` settings; a core
     /// made with [`AgentCore::new`] has their defaults).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::conns::{Conn, Refusal};
+    /// use server::dispatch::AgentCore;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// let core = AgentCore::new(server::ModelRegistry::with_identity(), wire::Limits::default(), 1 << 30)
+    ///     .with_connections(1, 1, Duration::from_secs(1));
+    /// let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let _peers = [std::net::TcpStream::connect(l.local_addr()?)?, std::net::TcpStream::connect(l.local_addr()?)?];
+    /// let (a, addr) = l.accept()?;
+    /// let (b, _) = l.accept()?;
+    /// let peer = transport::PeerId::Addr(addr.ip());
+    /// let _slot = core.conns().admit(Conn::Tcp(Arc::new(a)), peer).map_err(|r| r.message())?;
+    /// assert_eq!(core.conns().admit(Conn::Tcp(Arc::new(b)), peer).err(), Some(Refusal::Full(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_connections(
         mut self,
         max: usize,
@@ -343,7 +470,7 @@ impl AgentCore {
 
     /// This core, dropping a peer silent for `stall_timeout` in the middle
     /// of a message (`[limits] stall_timeout_ms`; a core made with
-    /// [`AgentCore::new`] has its default, 30 s).
+    /// [`AgentCore::new`] has its default, 30 s). Example: [`AgentCore::new`].
     pub fn with_stall_timeout(mut self, stall_timeout: Duration) -> AgentCore {
         self.stall_timeout = stall_timeout;
         self
@@ -351,6 +478,19 @@ impl AgentCore {
 
     /// How long a peer may stay silent in the middle of a message: the
     /// KServe HTTP doors give a request's head this long to arrive.
+    ///
+    /// # Examples
+    ///
+    /// The agent's `[limits] stall_timeout_ms`, as a front door reads it:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut cfg = server::AgentConfig::default();
+    /// cfg.stall_timeout = Duration::from_secs(2);
+    /// let agent = server::Agent::start(cfg)?;
+    /// assert_eq!(agent.core().stall_timeout(), Duration::from_secs(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stall_timeout(&self) -> Duration {
         self.stall_timeout
     }
@@ -358,12 +498,26 @@ impl AgentCore {
     /// Every open connection of the agent: listeners its owner runs
     /// beside it (the KServe front doors) admit theirs here too, so they
     /// count against the same limits as the agent's own.
+    ///
+    /// Examples: [`ConnCounts`](crate::conns::ConnCounts) (an agent's
+    /// table read through its core), [`AgentCore::with_connections`].
     pub fn conns(&self) -> &Arc<ConnTable> {
         &self.conns
     }
 
     /// How long a new connection has to start its handshake before it is
     /// closed (`[connections] handshake_timeout_ms`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut cfg = server::AgentConfig::default();
+    /// cfg.handshake_timeout = Duration::from_millis(250);
+    /// let agent = server::Agent::start(cfg)?;
+    /// assert_eq!(agent.core().handshake_timeout(), Duration::from_millis(250));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn handshake_timeout(&self) -> Duration {
         self.handshake_timeout
     }
@@ -371,25 +525,49 @@ impl AgentCore {
     /// This core, timing every request for the models' statistics or not
     /// (on by default): four clock reads a request, ~30 ns each here (see
     /// [`crate::stats`]). Off, statistics still count requests but record
-    /// no durations.
+    /// no durations. Example: [`AgentCore::new`].
     pub fn with_request_timing(mut self, on: bool) -> AgentCore {
         self.timing = on;
         self
     }
 
     /// Whether every request is timed for the models' statistics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let agent = server::Agent::start(server::AgentConfig::default())?;
+    /// assert!(agent.core().request_timing()); // on unless `request_timing = false`
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn request_timing(&self) -> bool {
         self.timing
     }
 
     /// This core, serving `tenants`: each session is matched to one at its
     /// Hello and may see, call and hold only what its tenant may.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::dispatch::AgentCore;
+    /// use server::tenants::{file, Identity, Tenants};
+    /// use std::sync::Arc;
+    /// let specs = file::parse("[[tenant]]\nname = \"default\"\nmodels = [\"identity\"]\n", "t.toml")?;
+    /// let core = AgentCore::new(server::ModelRegistry::with_identity(), wire::Limits::default(), 1 << 30)
+    ///     .with_tenants(Some(Arc::new(Tenants::from_specs(specs))));
+    /// let g = core.grant(&Identity::REMOTE, None, &wire::Limits::default()).map_err(|d| d.1)?;
+    /// assert_eq!(g.seat.ok_or("seated")?.tenant_name(), "default");
+    /// assert_eq!(core.tenants().map(|t| t.snapshot().len()), Some(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> AgentCore {
         self.tenants = tenants;
         self
     }
 
     /// The tenants, when the agent has a tenants file.
+    /// Example: [`AgentCore::with_tenants`].
     pub fn tenants(&self) -> Option<&Arc<Tenants>> {
         self.tenants.as_ref()
     }
@@ -398,6 +576,21 @@ impl AgentCore {
     /// `asked` limits: its seat among the tenants (none when the agent has
     /// no tenants file, or for in-process callers) and the limits in force,
     /// the agent's narrowed by its tenant's quotas and by what it asked.
+    ///
+    /// # Examples
+    ///
+    /// Without tenants, the limits in force are the agent's narrowed by the
+    /// session's:
+    ///
+    /// ```
+    /// use server::tenants::Identity;
+    /// let agent = server::Agent::start(server::AgentConfig::default())?;
+    /// let asked = wire::Limits { max_in_flight: 4, ..wire::Limits::default() };
+    /// let g = agent.core().grant(&Identity::REMOTE, None, &asked).map_err(|d| d.1)?;
+    /// assert_eq!(g.limits.max_in_flight, 4);
+    /// assert!(g.seat.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn grant(
         &self,
         who: &Identity,
@@ -421,6 +614,18 @@ impl AgentCore {
     /// The timeline of request `h`, for its transport to stamp: it reads
     /// the clock when the agent times requests for the models' statistics
     /// or when the client asked for it, and otherwise takes no stamps.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::dispatch::AgentCore;
+    /// use wire::{Header, Kind, Stage};
+    /// let core = AgentCore::new(server::ModelRegistry::with_identity(), wire::Limits::default(), 1 << 20)
+    ///     .with_request_timing(false);
+    /// let mut tl = core.timeline(&Header::new(Kind::Request)); // no timeline asked: no stamps
+    /// tl.stamp(Stage::Received);
+    /// assert_eq!(tl.get(Stage::Received), 0);
+    /// ```
     #[inline]
     pub fn timeline(&self, h: &Header) -> Timeline {
         if self.timing {
@@ -431,6 +636,18 @@ impl AgentCore {
     }
 
     /// True once shutdown began: new requests are refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let agent = server::Agent::start(server::AgentConfig::default())?;
+    /// let core = agent.core().clone();
+    /// assert!(!core.is_closing());
+    /// agent.shutdown(Duration::from_secs(1));
+    /// assert!(core.is_closing());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
     }
@@ -438,6 +655,35 @@ impl AgentCore {
     /// Refuses new requests from now on, then waits up to `grace` (at most
     /// 100 years, so the deadline cannot overflow the clock) for those in
     /// flight to finish. Returns how many were still running at the end.
+    ///
+    /// # Examples
+    ///
+    /// A request prepared before the close still holds its place; one
+    /// after it is refused:
+    ///
+    /// ```
+    /// use server::dispatch::AgentCore;
+    /// use std::time::Duration;
+    /// # use wire::{encode_tensor_section, DType, Header, TensorDesc};
+    /// # fn request(id: u64, model_id: u32, len: u64) -> (Header, Vec<u8>) {
+    /// #     let t = TensorDesc { dtype: DType::U8, shape: vec![len], offset: 0, len };
+    /// #     let mut desc = Vec::new();
+    /// #     encode_tensor_section(&[t], None, &mut desc);
+    /// #     let mut h = Header::new(wire::Kind::Request);
+    /// #     (h.request_id, h.model_id, h.tensor_count) = (id, model_id, 1);
+    /// #     (h.desc_len, h.payload_len) = (desc.len() as u32, len);
+    /// #     (h, desc)
+    /// # }
+    /// let core = AgentCore::new(server::ModelRegistry::with_identity(), wire::Limits::default(), 1 << 20);
+    /// let (h, desc) = request(1, 0, 8);
+    /// let p = core.prepare(&h, &desc, &core.limits).map_err(|r| format!("{:?}", r.header.status))?;
+    /// assert_eq!(core.close_and_drain(Duration::from_millis(10)), 1); // still running
+    /// let refused = core.prepare(&h, &desc, &core.limits).err().ok_or("refused")?;
+    /// assert_eq!(refused.header.status, wire::Status::ShuttingDown);
+    /// drop(p);
+    /// assert_eq!(core.close_and_drain(Duration::from_millis(10)), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn close_and_drain(&self, grace: Duration) -> usize {
         // SeqCst with the in-flight count: see `prepare_via`.
         self.closing.store(true, Ordering::SeqCst);
@@ -458,12 +704,13 @@ impl AgentCore {
     }
 
     /// Requests currently between `prepare` and their reply.
+    /// Examples: [`AgentCore`], [`AgentCore::close_and_drain`].
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
     }
 
     /// Payload bytes of the agent-wide budget not held by a request now
-    /// (all of it when nothing is in flight).
+    /// (all of it when nothing is in flight). Example: [`RESERVE_STEP`].
     pub fn payload_budget_left(&self) -> u64 {
         self.payload_budget.load(Ordering::Acquire)
     }

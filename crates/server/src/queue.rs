@@ -173,6 +173,35 @@ const MAX_INTERVAL_NS: u64 = 10_000_000_000;
 const MAX_STEP: Duration = Duration::from_secs(86_400);
 
 /// How a model's queue orders and bounds the requests that wait.
+///
+/// An agent builds one per model from its [`ModelConfig`](crate::ModelConfig)
+/// ([`ModelConfig::queue_policy`](crate::ModelConfig::queue_policy)); a
+/// program that runs its own [`ModelQueue`] builds it directly.
+///
+/// # Examples
+///
+/// Three priority levels, at most 16 waiting, 50 ms for a request that
+/// names no timeout:
+///
+/// ```
+/// use server::queue::{Ask, ModelQueue, QueuePolicy, Refused};
+/// use std::time::Duration;
+/// let policy = QueuePolicy {
+///     max_queue: 16,
+///     priority_levels: 3,
+///     default_priority: 3,
+///     default_timeout: Some(Duration::from_millis(50)),
+///     ..QueuePolicy::default()
+/// };
+/// policy.validate()?;
+/// let q = ModelQueue::with_policy(1, policy);
+/// let mut tl = wire::Timeline::default();
+/// assert_eq!(q.run(Ask { priority: 1, timeout: None }, &mut tl, || 7)?, 7);
+/// // A level the model does not have is refused before it waits:
+/// let r = q.run(Ask { priority: 4, timeout: None }, &mut tl, || 7);
+/// assert_eq!(r, Err(Refused::BadPriority { asked: 4, levels: 3 }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueuePolicy {
     /// The most requests that may wait; one more is refused at once
@@ -212,6 +241,17 @@ impl Default for QueuePolicy {
 impl QueuePolicy {
     /// Checks the settings: 1 ≤ levels, default level within them, a
     /// non-zero aging. The message names the bad setting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::QueuePolicy;
+    /// let mut p = QueuePolicy { priority_levels: 2, ..QueuePolicy::default() };
+    /// assert!(p.validate().is_ok());
+    /// p.default_priority = 3;
+    /// let e = p.validate().unwrap_err();
+    /// assert!(e.starts_with("default_priority must be 1..=2"), "{e}");
+    /// ```
     pub fn validate(&self) -> Result<(), String> {
         if self.priority_levels == 0 {
             return Err("priority_levels must be at least 1".into());
@@ -234,6 +274,13 @@ impl QueuePolicy {
 
 /// What a request asks of the queue: its priority level (0: the policy's
 /// default) and how long it may wait (`None`: the policy's default).
+///
+/// # Examples
+///
+/// ```
+/// use server::queue::Ask;
+/// assert_eq!(Ask::default(), Ask { priority: 0, timeout: None }); // the model's defaults
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ask {
     /// 1 = highest; 0 = the model's default level.
@@ -244,6 +291,19 @@ pub struct Ask {
 
 impl Ask {
     /// The request header's fields: `priority`, and `timeout_us` (0 = none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::Ask;
+    /// use std::time::Duration;
+    /// let mut h = wire::Header::new(wire::Kind::Request);
+    /// h.priority = 2;
+    /// h.timeout_us = 1500;
+    /// let a = Ask::from_header(h.priority, h.timeout_us);
+    /// assert_eq!(a.timeout, Some(Duration::from_micros(1500)));
+    /// assert_eq!(Ask::from_header(0, 0).timeout, None);
+    /// ```
     pub fn from_header(priority: u8, timeout_us: u32) -> Ask {
         Ask {
             priority,
@@ -253,6 +313,41 @@ impl Ask {
 }
 
 /// Why the queue did not run a request.
+///
+/// # Examples
+///
+/// A queue with room for one waiter refuses the next one at once:
+///
+/// ```
+/// use server::queue::{Ask, ModelQueue, QueuePolicy, Refused};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// let q = Arc::new(ModelQueue::with_policy(1, QueuePolicy { max_queue: 1, ..QueuePolicy::default() }));
+/// let (started_tx, started) = std::sync::mpsc::channel();
+/// let (release, release_rx) = std::sync::mpsc::channel::<()>();
+/// let runner = { let q = q.clone(); std::thread::spawn(move || {
+///     q.run(Ask::default(), &mut wire::Timeline::default(), || {
+///         started_tx.send(()).unwrap();
+///         release_rx.recv().unwrap();
+///     })
+/// })};
+/// started.recv()?; // the one run is taken
+/// let waiter = { let q = q.clone(); std::thread::spawn(move || {
+///     q.run(Ask::default(), &mut wire::Timeline::default(), || ())
+/// })};
+/// for _ in 0..1000 {
+///     if q.stats().waiting == 1 { break; }
+///     std::thread::sleep(Duration::from_millis(1));
+/// }
+/// let r = q.run(Ask::default(), &mut wire::Timeline::default(), || ());
+/// assert_eq!(r, Err(Refused::Overloaded { max_queue: 1 }));
+/// assert!(r.unwrap_err().to_string().contains("queue is full"));
+/// release.send(())?;
+/// runner.join().unwrap()?;
+/// waiter.join().unwrap()?;
+/// assert_eq!(q.stats().overloaded, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refused {
     /// `max_queue` requests were waiting already.
@@ -307,6 +402,8 @@ impl std::fmt::Display for Refused {
         }
     }
 }
+
+impl std::error::Error for Refused {}
 
 /// Admission to a model, `concurrency` runs at a time, in the order of a
 /// [`QueuePolicy`].
@@ -675,6 +772,16 @@ pub(crate) enum Turn<'a> {
 }
 
 /// A snapshot of a queue's counters.
+///
+/// # Examples
+///
+/// ```
+/// use server::queue::{Ask, ModelQueue, QueueStats};
+/// let q = ModelQueue::new(2);
+/// q.run(Ask::default(), &mut wire::Timeline::default(), || ())?;
+/// assert_eq!(q.stats(), QueueStats { completed: 1, ..QueueStats::default() });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
     /// Runs in progress.
@@ -692,12 +799,30 @@ pub struct QueueStats {
 impl ModelQueue {
     /// A queue admitting `concurrency` (≥ 1, at most 2^31) runs at once,
     /// waiters in arrival order (the default policy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::{ModelQueue, QueuePolicy};
+    /// let q = ModelQueue::new(0); // clamped to one run
+    /// assert_eq!(q.concurrency(), 1);
+    /// assert_eq!(*q.policy(), QueuePolicy::default());
+    /// ```
     pub fn new(concurrency: usize) -> ModelQueue {
         ModelQueue::with_policy(concurrency, QueuePolicy::default())
     }
 
     /// A queue admitting `concurrency` runs at once, ordered and bounded by
     /// `policy` (checked by the caller: [`QueuePolicy::validate`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::{ModelQueue, QueuePolicy};
+    /// let p = QueuePolicy { max_queue: 8, ..QueuePolicy::default() };
+    /// let q = ModelQueue::with_policy(4, p);
+    /// assert_eq!((q.concurrency(), q.policy().max_queue), (4, 8));
+    /// ```
     pub fn with_policy(concurrency: usize, policy: QueuePolicy) -> ModelQueue {
         ModelQueue {
             word: AtomicU64::new(0),
@@ -711,12 +836,12 @@ impl ModelQueue {
         }
     }
 
-    /// How many runs it admits at once.
+    /// How many runs it admits at once. Example: [`ModelQueue::new`].
     pub fn concurrency(&self) -> usize {
         self.concurrency
     }
 
-    /// Its policy.
+    /// Its policy. Example: [`ModelQueue::with_policy`].
     pub fn policy(&self) -> &QueuePolicy {
         &self.policy
     }
@@ -724,6 +849,17 @@ impl ModelQueue {
     /// Whether a request arriving now would run without waiting: a run is
     /// free and nobody waits. A hint only (it may change at once); callers
     /// use it to choose where to run a request, never for correctness.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::{Ask, ModelQueue};
+    /// let q = ModelQueue::new(1);
+    /// assert!(q.has_free_run());
+    /// q.run(Ask::default(), &mut wire::Timeline::default(), || assert!(!q.has_free_run()))?;
+    /// assert!(q.has_free_run());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn has_free_run(&self) -> bool {
         self.word.load(Ordering::Relaxed) < self.concurrency as u64
     }
@@ -735,6 +871,20 @@ impl ModelQueue {
     /// rather than a second clock read (~30 ns) for a wait of a few ns.
     /// A request refused (full queue, timeout, unknown priority) never runs
     /// `f`. A request of a tenant: [`run_for`](Self::run_for).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::{Ask, ModelQueue};
+    /// use wire::{Stage, Timeline};
+    /// let q = ModelQueue::new(1);
+    /// let mut tl = Timeline::default();
+    /// let sum = q.run(Ask::default(), &mut tl, || 2 + 2)?;
+    /// assert_eq!(sum, 4);
+    /// assert!(tl.get(Stage::ComputeEnd) >= tl.get(Stage::ComputeStart));
+    /// assert_ne!(tl.get(Stage::Queued), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn run<R>(
         &self,
         ask: Ask,
@@ -1172,7 +1322,7 @@ impl ModelQueue {
             .map(|w| w.seq)
     }
 
-    /// Current counters.
+    /// Current counters. Example: [`QueueStats`].
     pub fn stats(&self) -> QueueStats {
         let w = self.word.load(Ordering::Relaxed);
         QueueStats {
