@@ -53,18 +53,74 @@ use wire::{monotonic_ns, AlignedBuf, DType, Stage, Timeline};
 /// Bytes of each tensor queue (one per model input; memory is taken as it
 /// is touched). A request that finds its queue full is staged in a buffer
 /// of its own instead.
+///
+/// # Examples
+///
+/// A batch of 64 rows of 224×224×3 f32 images fits a tensor queue:
+///
+/// ```
+/// use server::batcher::TENSOR_QUEUE_BYTES;
+/// assert!(64 * 224 * 224 * 3 * 4 <= TENSOR_QUEUE_BYTES);
+/// ```
 pub const TENSOR_QUEUE_BYTES: usize = 64 << 20;
 
-/// The most rows a batch may have.
+/// The most rows a batch may have (`max_batch`).
+///
+/// # Examples
+///
+/// This constant and [`MAX_QUEUE_DELAY`] bound what
+/// [`BatchPolicy::validate`] accepts:
+///
+/// ```
+/// use server::batcher::{BatchPolicy, MAX_BATCH_LIMIT, MAX_QUEUE_DELAY};
+/// let most = BatchPolicy { max_batch: MAX_BATCH_LIMIT, max_queue_delay: MAX_QUEUE_DELAY, preferred: vec![] };
+/// assert!(most.validate().is_ok());
+/// assert!(BatchPolicy { max_batch: MAX_BATCH_LIMIT + 1, ..most.clone() }.validate().is_err());
+/// assert!(BatchPolicy { max_queue_delay: MAX_QUEUE_DELAY * 2, ..most }.validate().is_err());
+/// ```
 pub const MAX_BATCH_LIMIT: usize = 4096;
 
 /// How long after a tensor queue could not be made none is tried again.
 const RING_RETRY: Duration = Duration::from_secs(1);
 
-/// The longest queue delay a model may set.
+/// The longest queue delay a model may set. Example: [`MAX_BATCH_LIMIT`].
 pub const MAX_QUEUE_DELAY: Duration = Duration::from_secs(10);
 
 /// How a model forms batches (Triton's dynamic batcher settings).
+///
+/// An agent builds one per model from its [`ModelConfig`](crate::ModelConfig)
+/// (`max_batch`, `max_queue_delay_us`, `preferred_batch_sizes`;
+/// [`ModelConfig::batch_policy`](crate::ModelConfig::batch_policy)).
+///
+/// # Examples
+///
+/// Batches of up to 8 rows, stopping at 4 or 8, the first request waiting
+/// at most 200 µs for company; the agent serving a model with it:
+///
+/// ```
+/// use server::batcher::BatchPolicy;
+/// use std::time::Duration;
+/// let p = BatchPolicy {
+///     max_batch: 8,
+///     max_queue_delay: Duration::from_micros(200),
+///     preferred: vec![4, 8],
+/// };
+/// p.validate()?;
+/// assert!(p.is_on());
+///
+/// let mut m = server::ModelConfig::new(
+///     "digits",
+///     concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx"),
+/// );
+/// (m.max_batch, m.max_queue_delay_us, m.preferred_batch_sizes) = (8, 200, vec![8, 4]);
+/// assert_eq!(m.batch_policy(), p);
+/// let mut cfg = server::AgentConfig::default();
+/// cfg.models.push(m);
+/// let agent = server::Agent::start(cfg)?;
+/// let digits = agent.core().registry.find("digits").ok_or("served")?;
+/// assert_eq!(*digits.batcher.policy(), p);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchPolicy {
     /// The most rows (first-dimension entries) in one run; 1: no batching.
@@ -91,11 +147,29 @@ impl Default for BatchPolicy {
 
 impl BatchPolicy {
     /// Whether requests may share runs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::batcher::BatchPolicy;
+    /// assert!(!BatchPolicy::default().is_on()); // max_batch 1
+    /// ```
     pub fn is_on(&self) -> bool {
         self.max_batch > 1
     }
 
     /// Checks the settings; the message names the bad one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::batcher::BatchPolicy;
+    /// let p = BatchPolicy { max_batch: 4, preferred: vec![8], ..BatchPolicy::default() };
+    /// assert_eq!(
+    ///     p.validate().unwrap_err(),
+    ///     "preferred_batch_sizes must each be 1..=4 (max_batch), not 8"
+    /// );
+    /// ```
     pub fn validate(&self) -> Result<(), String> {
         if !(1..=MAX_BATCH_LIMIT).contains(&self.max_batch) {
             return Err(format!(
@@ -155,6 +229,37 @@ impl BatchPolicy {
 }
 
 /// A model's batcher: its policy and its tensor queues.
+///
+/// Each model of the registry has one
+/// ([`ModelEntry::batcher`](crate::registry::ModelEntry::batcher)).
+///
+/// # Examples
+///
+/// Which requests can share a run:
+///
+/// ```
+/// use engine::TensorView;
+/// use server::batcher::{BatchPolicy, Batcher};
+/// use server::queue::ModelQueue;
+/// use std::time::Duration;
+/// use wire::DType;
+/// let q = ModelQueue::new(1);
+/// let x = [0u8; 8 * 16];
+/// let two_rows = [TensorView::new(DType::F32, &[2, 4], &x[..32])];
+/// let eight_rows = [TensorView::new(DType::F32, &[8, 4], &x)];
+///
+/// let b = Batcher::new(BatchPolicy { max_batch: 4, ..BatchPolicy::default() });
+/// assert!(b.runs_alone(&q, &two_rows)); // the model is free, no delay to wait out
+/// assert!(b.runs_alone(&q, &eight_rows)); // more rows than max_batch
+///
+/// let waits = Batcher::new(BatchPolicy {
+///     max_batch: 4,
+///     max_queue_delay: Duration::from_micros(100),
+///     preferred: vec![],
+/// });
+/// assert!(!waits.runs_alone(&q, &two_rows)); // it waits 100 µs for company
+/// assert_eq!(waits.policy().max_batch, 4);
+/// ```
 #[derive(Debug)]
 pub struct Batcher {
     policy: BatchPolicy,
@@ -309,17 +414,26 @@ impl Member {
 }
 
 /// The result of a run as the dispatcher maps it: refused by the queue, or
-/// the engine's answer (a panic caught).
+/// the engine's answer (a panic caught). Example: [`run`].
 pub type RunResult = Result<std::thread::Result<Result<Vec<Output>, EngineError>>, Refused>;
 
 impl Batcher {
     /// A batcher with `policy` (checked: [`BatchPolicy::validate`]).
+    /// Example: [`Batcher`].
     pub fn new(policy: BatchPolicy) -> Batcher {
         Batcher::with_queue_bytes(policy, TENSOR_QUEUE_BYTES)
     }
 
     /// A batcher whose tensor queues hold `bytes` each (rounded up to
     /// pages).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::batcher::{BatchPolicy, Batcher};
+    /// let b = Batcher::with_queue_bytes(BatchPolicy { max_batch: 16, ..BatchPolicy::default() }, 1 << 20);
+    /// assert!(b.policy().is_on());
+    /// ```
     pub fn with_queue_bytes(policy: BatchPolicy, bytes: usize) -> Batcher {
         Batcher {
             policy,
@@ -328,7 +442,7 @@ impl Batcher {
         }
     }
 
-    /// Its policy.
+    /// Its policy. Examples: [`Batcher`], [`BatchPolicy`].
     pub fn policy(&self) -> &BatchPolicy {
         &self.policy
     }
@@ -410,7 +524,7 @@ impl Batcher {
     /// bytes: the model does not batch it (batching off, or not stackable),
     /// or the model is free and has no queue delay to wait out (an idle
     /// model has nobody to batch with). A hint, as
-    /// [`ModelQueue::has_free_run`] is.
+    /// [`ModelQueue::has_free_run`] is. Example: [`Batcher`].
     pub fn runs_alone(&self, queue: &ModelQueue, inputs: &[TensorView<'_>]) -> bool {
         self.rows_of(inputs).is_none()
             || (self.policy.max_queue_delay.is_zero() && queue.has_free_run())
@@ -428,6 +542,23 @@ impl Batcher {
 /// stages on `tl`. Outputs are the request's own (as [`engine::Backend::run`]
 /// gives them: owned, or aliasing `inputs`). A request of a tenant:
 /// [`run_for`].
+///
+/// # Examples
+///
+/// ```
+/// use engine::TensorView;
+/// use server::{batcher, queue::Ask, ModelRegistry};
+/// let registry = ModelRegistry::with_identity();
+/// let model = registry.find("identity").ok_or("served")?;
+/// let x = [7u8; 16];
+/// let inputs = [TensorView::new(wire::DType::U8, &[16], &x)];
+/// let mut tl = wire::Timeline::default();
+/// let outputs = batcher::run(&model, Ask::default(), &mut tl, &inputs)?
+///     .map_err(|_| "the engine panicked")??;
+/// assert_eq!(outputs[0].bytes(&inputs), x);
+/// assert_eq!(model.queue.stats().completed, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn run(
     model: &ModelEntry,
     ask: Ask,
@@ -441,6 +572,30 @@ pub fn run(
 /// waits at its tenant's fair start and counts in its `queued`
 /// ([`ModelQueue::run_for`]); fair starts decide who leads a batch and who
 /// joins it.
+///
+/// # Examples
+///
+/// A request of the tenant its session is seated as:
+///
+/// ```
+/// use engine::TensorView;
+/// use server::tenants::{file, Identity, Tenants};
+/// use server::{batcher, queue::Ask, ModelRegistry};
+/// use std::sync::Arc;
+/// let tenants = Arc::new(Tenants::from_specs(file::parse(
+///     "[[tenant]]\nname = \"default\"\nmodels = [\"*\"]\nweight = 2\n",
+///     "tenants.toml",
+/// )?));
+/// let tenant = tenants.resolve(&Identity::REMOTE, None).map_err(|d| d.1)?;
+/// let registry = ModelRegistry::with_identity();
+/// let model = registry.find("identity").ok_or("served")?;
+/// let x = [1u8; 4];
+/// let inputs = [TensorView::new(wire::DType::U8, &[4], &x)];
+/// let outputs = batcher::run_for(&model, Ask::default(), Some(&tenant), &mut wire::Timeline::default(), &inputs)?
+///     .map_err(|_| "the engine panicked")??;
+/// assert_eq!(outputs.len(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn run_for(
     model: &ModelEntry,
     ask: Ask,

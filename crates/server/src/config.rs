@@ -92,6 +92,17 @@ use wire::Limits;
 
 /// Longest spin budget a session thread may be given (10 ms): one that
 /// spins longer mostly burns a core another thread (an engine's) could use.
+///
+/// # Examples
+///
+/// ```
+/// use server::config::MAX_SPIN_US;
+/// let mut cfg = server::AgentConfig::default();
+/// cfg.shm_spin_us = MAX_SPIN_US + 1;
+/// assert!(cfg.validate().is_err());
+/// cfg.shm_spin_us = MAX_SPIN_US;
+/// assert!(cfg.validate().is_ok());
+/// ```
 pub const MAX_SPIN_US: u64 = 10_000;
 
 /// A configuration that cannot be used.

@@ -899,6 +899,19 @@ impl ModelQueue {
     /// tenant's `queued` (refused at once at its `max_queued`; see the
     /// module doc). Admitted at once, it costs what [`run`](Self::run)
     /// costs: the tenant is not looked at.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::{Ask, ModelQueue};
+    /// use server::tenants::{file, Identity, Tenants};
+    /// let specs = file::parse("[[tenant]]\nname = \"default\"\nmodels = [\"*\"]\n", "t.toml")?;
+    /// let tenant = Tenants::from_specs(specs).resolve(&Identity::REMOTE, None).map_err(|d| d.1)?;
+    /// let q = ModelQueue::new(1);
+    /// let r = q.run_for(Ask::default(), Some(&tenant), &mut wire::Timeline::default(), || "ran")?;
+    /// assert_eq!(r, "ran");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn run_for<R>(
         &self,
         ask: Ask,

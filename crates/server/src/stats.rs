@@ -40,6 +40,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use wire::{monotonic_ns, Timeline};
 
 /// How a request reached the agent: its transport or front door.
+///
+/// # Examples
+///
+/// ```
+/// use server::stats::Via;
+/// let ep = transport::Endpoint::parse("tls://127.0.0.1:9000")?;
+/// assert_eq!(Via::of_endpoint(&ep), Via::Tcp); // TLS sessions count with tcp
+/// assert_eq!(Via::Grpc.name(), "grpc");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Via {
@@ -63,10 +73,19 @@ pub enum Via {
 }
 
 impl Via {
-    /// How many there are.
+    /// How many there are: the length of
+    /// [`StatsSnapshot::by_via`], indexed by `Via as usize`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::stats::Via;
+    /// assert_eq!(Via::ALL.len(), Via::COUNT);
+    /// assert!(Via::ALL.iter().enumerate().all(|(i, v)| *v as usize == i));
+    /// ```
     pub const COUNT: usize = 8;
 
-    /// Every one, in label order.
+    /// Every one, in label order. Example: [`Via::COUNT`].
     pub const ALL: [Via; Via::COUNT] = [
         Via::Inproc,
         Via::Unix,
@@ -79,7 +98,15 @@ impl Via {
     ];
 
     /// The metrics label value: `inproc`, `unix`, `tcp`, `shm`, `grpc`,
-    /// `http` or `other`.
+    /// `http`, `vsock` or `other`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::stats::Via;
+    /// let labels: Vec<&str> = Via::ALL.iter().map(|v| v.name()).collect();
+    /// assert_eq!(labels, ["inproc", "unix", "tcp", "shm", "grpc", "http", "vsock", "other"]);
+    /// ```
     pub const fn name(self) -> &'static str {
         match self {
             Via::Inproc => "inproc",
@@ -94,6 +121,15 @@ impl Via {
     }
 
     /// The transport of a native endpoint.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::stats::Via;
+    /// let ep = transport::Endpoint::parse("shm://tw-demo")?;
+    /// assert_eq!(Via::of_endpoint(&ep), Via::Shm);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn of_endpoint(ep: &transport::Endpoint) -> Via {
         match ep {
             transport::Endpoint::Inproc(_) => Via::Inproc,
@@ -109,6 +145,19 @@ impl Via {
 /// Upper bounds (inclusive, in ns) of the duration histograms' buckets:
 /// 1, 2.5, 5 per decade from 1 µs to 10 s. Durations above the last fall in
 /// the `+Inf` bucket.
+///
+/// # Examples
+///
+/// The bucket bounds as Prometheus `le` labels, in seconds, with the
+/// `+Inf` bucket ([`DURATION_BUCKETS`] of them):
+///
+/// ```
+/// use server::stats::{DURATION_BOUNDS_NS, DURATION_BUCKETS};
+/// let le: Vec<String> = DURATION_BOUNDS_NS.iter().map(|&ns| format!("{}", ns as f64 / 1e9))
+///     .chain(["+Inf".to_string()]).collect();
+/// assert_eq!(le.len(), DURATION_BUCKETS);
+/// assert_eq!((le[0].as_str(), le[21].as_str(), le[22].as_str()), ("0.000001", "10", "+Inf"));
+/// ```
 pub const DURATION_BOUNDS_NS: [u64; 22] = [
     1_000,
     2_500,
@@ -135,10 +184,24 @@ pub const DURATION_BOUNDS_NS: [u64; 22] = [
 ];
 
 /// Buckets of a duration histogram: one per bound, then `+Inf`.
+/// Example: [`DURATION_BOUNDS_NS`].
 pub const DURATION_BUCKETS: usize = DURATION_BOUNDS_NS.len() + 1;
 
 /// A histogram of durations over [`DURATION_BOUNDS_NS`]: one relaxed add
 /// per observation (a bucket found by binary search over 22 bounds).
+///
+/// # Examples
+///
+/// ```
+/// use server::stats::DurationHistogram;
+/// let h = DurationHistogram::default();
+/// h.observe(1_000); // bounds are inclusive: the 1 µs bucket
+/// h.observe(1_001); // the 2.5 µs one
+/// h.observe(60_000_000_000); // a minute: +Inf
+/// let b = h.snapshot();
+/// assert_eq!((b[0], b[1], b[22]), (1, 1, 1));
+/// assert_eq!(b.iter().sum::<u64>(), 3);
+/// ```
 #[derive(Debug, Default)]
 pub struct DurationHistogram {
     /// Observations per bucket (not cumulative).
@@ -146,7 +209,7 @@ pub struct DurationHistogram {
 }
 
 impl DurationHistogram {
-    /// Counts one duration of `ns`.
+    /// Counts one duration of `ns`. Example: [`DurationHistogram`].
     #[inline]
     pub fn observe(&self, ns: u64) {
         let i = DURATION_BOUNDS_NS.partition_point(|&bound| bound < ns);
@@ -154,12 +217,32 @@ impl DurationHistogram {
     }
 
     /// Observations per bucket (not cumulative; the last is `+Inf`).
+    /// Example: [`DurationHistogram`].
     pub fn snapshot(&self) -> [u64; DURATION_BUCKETS] {
         std::array::from_fn(|i| self.counts[i].load(Relaxed))
     }
 }
 
 /// One model's counters (see the module doc for what each covers).
+///
+/// Every model of the registry has one
+/// ([`ModelEntry::stats`](crate::registry::ModelEntry::stats)), fed by
+/// every transport and front door.
+///
+/// # Examples
+///
+/// A front door that refuses a request for a known model by its own checks
+/// counts it as the model's failure:
+///
+/// ```
+/// use server::stats::{ModelStats, Via};
+/// let s = ModelStats::default();
+/// s.record_refused(Via::Http, wire::monotonic_ns());
+/// let snap = s.snapshot();
+/// assert_eq!((snap.fail.count, snap.success.count), (1, 0));
+/// assert_eq!(snap.by_via[Via::Http as usize], 1);
+/// assert_ne!(snap.last_inference_ms, 0);
+/// ```
 #[derive(Debug, Default)]
 pub struct ModelStats {
     success: AtomicU64,
@@ -194,6 +277,16 @@ pub struct ModelStats {
 }
 
 /// A count and the total of its durations, in ns.
+///
+/// # Examples
+///
+/// The mean engine time of a model's requests:
+///
+/// ```
+/// use server::stats::CountNs;
+/// let infer = CountNs { count: 4, ns: 2_000_000 };
+/// assert_eq!(infer.ns.checked_div(infer.count), Some(500_000));
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CountNs {
     /// How many.
@@ -204,6 +297,31 @@ pub struct CountNs {
 
 /// A model's statistics as read at one moment (each counter is read on its
 /// own: a request that finishes meanwhile may show in some and not others).
+///
+/// # Examples
+///
+/// A model's statistics after two requests over a Unix socket:
+///
+/// ```
+/// use server::stats::Via;
+/// # let dir = tempfile::tempdir()?;
+/// # let uri = format!("unix://{}", dir.path().join("a.sock").display());
+/// let mut cfg = server::AgentConfig::default();
+/// cfg.add_listen(&uri)?;
+/// let agent = server::Agent::start(cfg)?;
+/// let c = client::Client::connect(&uri)?;
+/// let x = [0f32; 8];
+/// for _ in 0..2 {
+///     c.model("identity")?.infer(&[client::TensorRef::from_slice(&[8], &x)?])?;
+/// }
+/// let model = agent.core().registry.find("identity").ok_or("served")?;
+/// let s = model.stats.snapshot();
+/// assert_eq!((s.success.count, s.fail.count, s.inference_count), (2, 0, 2));
+/// assert_eq!(s.by_via[Via::Unix as usize], 2);
+/// assert_eq!(s.request_hist.iter().sum::<u64>(), 2); // both timed
+/// assert!(s.success.ns >= s.compute_infer.ns);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StatsSnapshot {
     /// Successful requests, arrival to response.
@@ -258,6 +376,15 @@ fn coarse_ns() -> u64 {
 
 impl ModelStats {
     /// A request for this model arrived by `via`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::stats::{ModelStats, Via};
+    /// let s = ModelStats::default();
+    /// s.arrived(Via::Grpc);
+    /// assert_eq!(s.snapshot().by_via[Via::Grpc as usize], 1);
+    /// ```
     #[inline]
     pub fn arrived(&self, via: Via) {
         self.by_via[via as usize].fetch_add(1, Relaxed);
@@ -279,6 +406,21 @@ impl ModelStats {
     /// when `timed` and its stamps (received, queued, compute start and
     /// end, response sent) are all there and in order; otherwise only the
     /// count moves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::stats::ModelStats;
+    /// use wire::Timeline;
+    /// let s = ModelStats::default();
+    /// // received, payload in place, queued, compute start, end, response sent (ns)
+    /// s.record_success(&Timeline::from_stamps([100, 150, 200, 300, 1_300, 1_500]), true);
+    /// s.record_success(&Timeline::default(), true); // no stamps: counted, not timed
+    /// let snap = s.snapshot();
+    /// assert_eq!(snap.success.count, 2);
+    /// assert_eq!((snap.queue.ns, snap.compute_infer.ns, snap.success.ns), (100, 1_000, 1_400));
+    /// assert_eq!(s.recent_compute_ns(), Some(1_000));
+    /// ```
     #[inline]
     pub fn record_success(&self, tl: &Timeline, timed: bool) {
         self.success.fetch_add(1, Relaxed);
@@ -308,13 +450,21 @@ impl ModelStats {
 
     /// How long the engine ran on recent timed requests (a moving average,
     /// ns), or `None` before the first timed request (or when the agent
-    /// does not time requests).
+    /// does not time requests). Example: [`ModelStats::record_success`].
     pub fn recent_compute_ns(&self) -> Option<u64> {
         Some(self.recent_compute_ns.load(Relaxed)).filter(|&n| n != 0)
     }
 
     /// Counts a failed request that arrived at `arrived_ns` (its
     /// `received` stamp; 0 when not timed: only the count moves).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let s = server::stats::ModelStats::default();
+    /// s.record_failure(0);
+    /// assert_eq!(s.snapshot().fail, server::stats::CountNs { count: 1, ns: 0 });
+    /// ```
     #[cold]
     pub fn record_failure(&self, arrived_ns: u64) {
         self.failure.fetch_add(1, Relaxed);
@@ -330,6 +480,7 @@ impl ModelStats {
 
     /// Counts a request refused for this model before it reached the core
     /// (a front door's own checks): it arrived by `via` and failed.
+    /// Example: [`ModelStats`].
     #[cold]
     pub fn record_refused(&self, via: Via, arrived_ns: u64) {
         self.arrived(via);
@@ -360,11 +511,32 @@ impl ModelStats {
     }
 
     /// Requests in flight now.
+    ///
+    /// # Examples
+    ///
+    /// A request between its `prepare` and its reply:
+    ///
+    /// ```
+    /// use server::dispatch::AgentCore;
+    /// # use wire::{encode_tensor_section, DType, Header, TensorDesc};
+    /// # let t = TensorDesc { dtype: DType::U8, shape: vec![4], offset: 0, len: 4 };
+    /// # let mut desc = Vec::new();
+    /// # encode_tensor_section(&[t], None, &mut desc);
+    /// # let mut h = Header::new(wire::Kind::Request);
+    /// # (h.tensor_count, h.desc_len, h.payload_len) = (1, desc.len() as u32, 4);
+    /// let core = AgentCore::new(server::ModelRegistry::with_identity(), wire::Limits::default(), 1 << 20);
+    /// let p = core.prepare(&h, &desc, &core.limits).map_err(|r| format!("{:?}", r.header.status))?;
+    /// assert_eq!(p.model.stats.in_flight(), 1);
+    /// let model = p.model.clone();
+    /// drop(p); // dropped unanswered: no longer in flight, counted as failed
+    /// assert_eq!((model.stats.in_flight(), model.stats.snapshot().fail.count), (0, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed)
     }
 
-    /// Reads every counter.
+    /// Reads every counter. Examples: [`StatsSnapshot`], [`ModelStats`].
     pub fn snapshot(&self) -> StatsSnapshot {
         let success = self.success.load(Relaxed);
         let d = |a: &AtomicU64| CountNs {
