@@ -21,6 +21,19 @@ use std::sync::OnceLock;
 static PLACED: AtomicBool = AtomicBool::new(false);
 
 /// A cgroup a thread can be moved into.
+///
+/// # Examples
+///
+/// A tenant's `cpu_cgroup` must be a cgroup directory:
+///
+/// ```
+/// use server::tenants::cgroup::CpuCgroup;
+/// let dir = tempfile::tempdir()?;
+/// let e = CpuCgroup::open(dir.path()).unwrap_err();
+/// assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+/// assert!(e.to_string().contains("not a cgroup directory"), "{e}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct CpuCgroup {
     /// Its directory.
@@ -31,7 +44,7 @@ pub struct CpuCgroup {
 
 impl CpuCgroup {
     /// Opens the cgroup at `dir` (a v1 `cpu` cgroup directory, or a v2
-    /// threaded one) for moving threads into it.
+    /// threaded one) for moving threads into it. Example: [`CpuCgroup`].
     pub fn open(dir: &Path) -> io::Result<CpuCgroup> {
         let file = ["tasks", "cgroup.threads"]
             .iter()
@@ -54,6 +67,17 @@ impl CpuCgroup {
     }
 
     /// Moves the calling thread into this cgroup.
+    ///
+    /// # Examples
+    ///
+    /// Moving a thread into the cgroup it is in already (the agent's own),
+    /// where a tenant's turn ends:
+    ///
+    /// ```no_run
+    /// let home = server::tenants::cgroup::home()?;
+    /// std::thread::spawn(move || home.enter()).join().unwrap()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn enter(&self) -> io::Result<()> {
         PLACED.store(true, Ordering::Relaxed);
         let tid = rustix::thread::gettid().as_raw_nonzero().get();
@@ -66,6 +90,18 @@ impl CpuCgroup {
 /// worker created during a tenant's turn would otherwise serve everyone
 /// from the tenant's cgroup). Nothing to do, and no system call, before
 /// any thread was placed.
+///
+/// # Examples
+///
+/// The first line of every worker thread the agent starts:
+///
+/// ```
+/// let worker = std::thread::spawn(|| {
+///     server::tenants::cgroup::start_at_home(); // no thread placed yet: nothing to do
+///     2 + 2
+/// });
+/// assert_eq!(worker.join().unwrap(), 4);
+/// ```
 pub fn start_at_home() {
     if PLACED.load(Ordering::Relaxed) {
         if let Err(e) = home().and_then(|h| h.enter().map_err(|e| e.to_string())) {
@@ -76,6 +112,14 @@ pub fn start_at_home() {
 
 /// The agent's own CPU cgroup (where its threads go back after a turn), or
 /// why it cannot be used.
+///
+/// # Examples
+///
+/// ```no_run
+/// let home = server::tenants::cgroup::home()?;
+/// println!("the agent's threads go back to {}", home.path.display());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn home() -> Result<&'static CpuCgroup, String> {
     static HOME: OnceLock<Result<CpuCgroup, String>> = OnceLock::new();
     HOME.get_or_init(|| {

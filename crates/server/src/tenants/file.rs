@@ -32,18 +32,52 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// The name of the tenant unknown identities get.
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::{file::{parse, DEFAULT_TENANT}, Identity, Tenants};
+/// let t = Tenants::from_specs(parse("[[tenant]]\nname = \"default\"\nmodels = [\"*\"]\n", "t.toml")?);
+/// let who = t.resolve(&Identity::REMOTE, None).map_err(|d| d.1)?;
+/// assert_eq!(&*who.name, DEFAULT_TENANT);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const DEFAULT_TENANT: &str = "default";
 /// Longest tenant name, in bytes.
 const MAX_NAME: usize = 64;
 /// The largest `queue_burst` a tenant may have.
+///
+/// # Examples
+///
+/// This and the other bounds of a tenant's settings ([`MAX_WEIGHT`],
+/// [`MIN_ARENA_BYTES`]), as the file's checks apply them:
+///
+/// ```
+/// use server::tenants::file::{parse, MAX_QUEUE_BURST, MAX_WEIGHT, MIN_ARENA_BYTES};
+/// let with = |line: String| parse(&format!("[[tenant]]\nname = \"a\"\n{line}\n"), "t.toml");
+/// assert!(with(format!("queue_burst = {MAX_QUEUE_BURST}")).is_ok());
+/// assert!(with(format!("queue_burst = {}", MAX_QUEUE_BURST + 1)).is_err());
+/// assert!(with(format!("weight = {}", MAX_WEIGHT + 1)).is_err());
+/// assert!(with(format!("max_arena_bytes = {}", MIN_ARENA_BYTES - 1)).is_err());
+/// ```
 pub const MAX_QUEUE_BURST: u32 = 1024;
-/// The largest weight a tenant may have.
+/// The largest weight a tenant may have. Example: [`MAX_QUEUE_BURST`].
 pub const MAX_WEIGHT: u32 = 10_000;
 /// The smallest arena a tenant may be limited to (a ring and a tensor).
+/// Example: [`MAX_QUEUE_BURST`].
 pub const MIN_ARENA_BYTES: u64 = 1 << 20;
 
 /// Why a tenants file was refused: the file, the line (when the fault is
 /// in one tenant's table or the TOML itself) and what is wrong.
+///
+/// # Examples
+///
+/// ```
+/// let text = "[[tenant]]\nname = \"a\"\n\n[[tenant]]\nname = \"a\"\n";
+/// let e = server::tenants::file::parse(text, "tenants.toml").unwrap_err();
+/// assert_eq!(e.line, Some(4));
+/// assert_eq!(e.to_string(), "tenants.toml:4: tenant 'a' is declared twice");
+/// ```
 #[derive(Debug, Error)]
 #[error("{path}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
 pub struct TenantsError {
@@ -56,6 +90,21 @@ pub struct TenantsError {
 }
 
 /// One tenant as the file declares it, checked.
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::file::{parse, ModelSet};
+/// let specs = parse(
+///     "[[tenant]]\nname = \"ops\"\nuids = [1000]\nmodels = [\"*\"]\nweight = 4\n",
+///     "tenants.toml",
+/// )?;
+/// let ops = &specs[0];
+/// assert_eq!((ops.name.as_str(), ops.uids.as_slice(), ops.weight), ("ops", &[1000][..], 4));
+/// assert_eq!(ops.models, ModelSet::All);
+/// assert_eq!(ops.queue_burst, 1); // the default
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct TenantSpec {
     /// Its name (unique; `default` for unknown identities).
@@ -87,6 +136,15 @@ pub struct TenantSpec {
 }
 
 /// The models a tenant may list and call.
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::file::ModelSet;
+/// let some = ModelSet::Named(["digits".to_string()].into());
+/// assert!(some.contains("digits") && !some.contains("resnet"));
+/// assert!(ModelSet::All.contains("resnet"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelSet {
     /// Every model (`"*"`).
@@ -96,7 +154,7 @@ pub enum ModelSet {
 }
 
 impl ModelSet {
-    /// Whether `name` is in the set.
+    /// Whether `name` is in the set. Example: [`ModelSet`].
     pub fn contains(&self, name: &str) -> bool {
         match self {
             ModelSet::All => true,
@@ -107,6 +165,22 @@ impl ModelSet {
 
 /// How much of the agent a tenant may hold; `None` fields are unlimited
 /// (within the agent's own limits).
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::file::{parse, Quotas, Rate};
+/// let specs = parse(
+///     "[[tenant]]\nname = \"a\"\nmax_in_flight = 8\nrequests_per_second = 100.0\nburst = 10\n",
+///     "t.toml",
+/// )?;
+/// assert_eq!(specs[0].quotas, Quotas {
+///     max_in_flight: Some(8),
+///     rate: Some(Rate { per_second: 100.0, burst: 10 }),
+///     ..Quotas::default()
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Quotas {
     /// Requests in flight at once, over all its sessions.
@@ -127,6 +201,7 @@ pub struct Quotas {
 }
 
 /// A request rate: `per_second` sustained, `burst` requests at once.
+/// Example: [`Quotas`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rate {
     /// Requests per second, sustained.
@@ -170,6 +245,19 @@ struct TenantToml {
 }
 
 /// Reads and checks the tenants file at `path`.
+///
+/// # Examples
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("tenants.toml");
+/// std::fs::write(&path, "[[tenant]]\nname = \"default\"\nmodels = [\"identity\"]\n")?;
+/// let specs = server::tenants::file::read(&path)?;
+/// assert!(specs[0].models.contains("identity"));
+/// let e = server::tenants::file::read(&dir.path().join("missing.toml")).unwrap_err();
+/// assert!(e.message.starts_with("cannot read"), "{e}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn read(path: &Path) -> Result<Vec<TenantSpec>, TenantsError> {
     let text = std::fs::read_to_string(path).map_err(|e| TenantsError {
         path: path.display().to_string(),
@@ -180,6 +268,17 @@ pub fn read(path: &Path) -> Result<Vec<TenantSpec>, TenantsError> {
 }
 
 /// Parses and checks a tenants file's text (`path` names it in errors).
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::file::parse;
+/// let specs = parse("[[tenant]]\nname = \"batch\"\ngids = [100]\npriority = 2\n", "t.toml")?;
+/// assert_eq!(specs[0].quotas.priority, Some(2));
+/// let e = parse("[[tenant]]\nname = \"x\"\ncolour = \"red\"\n", "t.toml").unwrap_err();
+/// assert!(e.message.contains("colour"), "{e}"); // unknown keys are refused by name
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn parse(text: &str, path: &str) -> Result<Vec<TenantSpec>, TenantsError> {
     let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let file: FileToml = toml::from_str(text).map_err(|e| TenantsError {

@@ -52,6 +52,19 @@ use transport::Credentials;
 use wire::{monotonic_ns, Limits, Status};
 
 /// Who is on the other end of a session, as far as the agent can tell.
+///
+/// # Examples
+///
+/// A local peer, known by its credentials:
+///
+/// ```
+/// use server::tenants::Identity;
+/// let (a, _b) = std::os::unix::net::UnixStream::pair()?;
+/// let creds = transport::Credentials::of_unix(&a)?;
+/// let who = Identity { creds: Some(creds), ..Identity::default() };
+/// assert!(who.describe().starts_with(&format!("uid {} gid {}", creds.uid, creds.gid)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Identity {
     /// The kernel's record of a local peer (unix, shm).
@@ -69,6 +82,19 @@ pub struct Identity {
 
 impl Identity {
     /// The agent's own code, calling in-process.
+    ///
+    /// # Examples
+    ///
+    /// In-process callers are the agent's owner: they hold no seat.
+    ///
+    /// ```
+    /// use server::tenants::Identity;
+    /// let agent = server::Agent::start(server::AgentConfig::default())?;
+    /// let g = agent.core().grant(&Identity::IN_PROCESS, None, &wire::Limits::default()).map_err(|d| d.1)?;
+    /// assert!(g.seat.is_none());
+    /// assert_eq!(Identity::IN_PROCESS.describe(), "in-process");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub const IN_PROCESS: Identity = Identity {
         creds: None,
         addr: None,
@@ -78,6 +104,13 @@ impl Identity {
     };
 
     /// A peer known by nothing but the token it may send (front doors).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::Identity;
+    /// assert_eq!(Identity::REMOTE.describe(), "a remote peer");
+    /// ```
     pub const REMOTE: Identity = Identity {
         creds: None,
         addr: None,
@@ -88,6 +121,14 @@ impl Identity {
 
     /// For log lines: `uid 1000 (pid 42)`, `address 10.0.0.1`, `vsock
     /// CID 3 port 1024`, `in-process`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::Identity;
+    /// let who = Identity { addr: Some([10, 0, 0, 1].into()), ..Identity::default() };
+    /// assert_eq!(who.describe(), "address 10.0.0.1");
+    /// ```
     pub fn describe(&self) -> String {
         let cert = match self.cert_names.as_deref() {
             Some([first, ..]) => format!(" (certificate {first})"),
@@ -104,10 +145,25 @@ impl Identity {
 }
 
 /// A refusal: the status and a message that names what was refused and
-/// the tenant.
+/// the tenant. Example: [`Seat::admit`].
 pub type Denied = (Status, String);
 
 /// One tenant in force: its rights, quotas and usage.
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::{Identity, Tenants};
+/// # use server::tenants::{digest, file};
+/// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+/// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+/// let tenants = Tenants::from_specs(file::parse(&text, "tenants.toml")?);
+/// let t = tenants.resolve(&Identity::REMOTE, Some(b"s3cret")).map_err(|d| d.1)?;
+/// assert_eq!(&*t.name, "analytics");
+/// assert!(t.may_use("identity") && !t.may_use("digits"));
+/// assert_eq!(t.quotas.max_in_flight, Some(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Tenant {
     /// Its name.
@@ -150,12 +206,27 @@ impl Tenant {
     }
 
     /// Whether it may list and call the model named `name`.
+    /// Example: [`Tenant`].
     pub fn may_use(&self, name: &str) -> bool {
         self.models.contains(name)
     }
 
     /// `limits` narrowed by this tenant's quotas: a request's payload, and
     /// requests in flight on one session.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{Identity, Tenants};
+    /// # use server::tenants::{digest, file};
+    /// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+    /// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+    /// let t = Tenants::from_specs(file::parse(&text, "t.toml")?)
+    ///     .resolve(&Identity::REMOTE, Some(b"s3cret")).map_err(|d| d.1)?;
+    /// let l = t.narrow(wire::Limits::default());
+    /// assert_eq!((l.max_payload, l.max_in_flight), (1024, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn narrow(&self, mut limits: Limits) -> Limits {
         if let Some(b) = self.quotas.max_request_bytes {
             limits.max_payload = limits.max_payload.min(b);
@@ -169,6 +240,25 @@ impl Tenant {
 
 /// What a tenant holds now, and what happened to its requests: counted
 /// across all its sessions and kept across reloads of the file.
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::{file, Identity, Tenants};
+/// use std::sync::atomic::Ordering;
+/// use std::sync::Arc;
+/// let t = Arc::new(Tenants::from_specs(file::parse("[[tenant]]\nname = \"default\"\nmodels = [\"*\"]\n", "t.toml")?));
+/// let tenant = t.resolve(&Identity::REMOTE, None).map_err(|d| d.1)?;
+/// let registry = server::ModelRegistry::with_identity();
+/// let model = registry.find("identity").ok_or("served")?;
+/// let seat = t.request_seat(&Identity::REMOTE, None).map_err(|d| d.1)?;
+/// let ticket = seat.admit(&model, 16).map_err(|d| d.1)?;
+/// assert_eq!(tenant.usage.in_flight.load(Ordering::Relaxed), 1);
+/// drop(ticket);
+/// assert_eq!(tenant.usage.in_flight.load(Ordering::Relaxed), 0);
+/// assert_eq!(tenant.usage.requests.load(Ordering::Relaxed), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct Usage {
     /// Requests between admission and reply.
@@ -192,6 +282,7 @@ pub struct Usage {
 }
 
 /// A tenant's counters at one moment (for metrics and `stats`).
+/// Example: [`Tenants::snapshot`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TenantSnapshot {
     /// The tenant.
@@ -226,6 +317,38 @@ struct TenantTable {
 
 /// The agent's tenants: the table in force, the file it came from, and a
 /// generation that moves on every reload.
+///
+/// An agent started with [`AgentConfig::tenants`](crate::AgentConfig::tenants)
+/// loads its own (reach it with `agent.core().tenants()`); a program that
+/// runs a core of its own gives it one with
+/// [`AgentCore::with_tenants`](crate::dispatch::AgentCore::with_tenants).
+///
+/// # Examples
+///
+/// An agent whose clients name their tenant with a token:
+///
+/// ```
+/// # use server::tenants::{digest, file};
+/// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+/// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+/// # let dir = tempfile::tempdir()?;
+/// # let uri = format!("unix://{}", dir.path().join("a.sock").display());
+/// let path = dir.path().join("tenants.toml");
+/// std::fs::write(&path, &text)?;
+/// let mut cfg = server::AgentConfig::default();
+/// cfg.add_listen(&uri)?;
+/// cfg.tenants = Some(path.clone());
+/// let agent = server::Agent::start(cfg)?;
+/// let tenants = agent.core().tenants().ok_or("a tenants file was given")?;
+/// assert_eq!(tenants.path(), Some(path.as_path()));
+///
+/// let opts = client::ClientOptions { token: Some("s3cret".into()), ..Default::default() };
+/// let c = client::Client::connect_with(&uri, opts)?;
+/// c.model("identity")?.infer(&[client::TensorRef::from_slice(&[4], &[0u8; 4])?])?;
+/// let analytics = tenants.snapshot().into_iter().find(|t| t.name == "analytics").ok_or("listed")?;
+/// assert_eq!(analytics.requests, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Tenants {
     table: ArcSwap<TenantTable>,
@@ -236,7 +359,7 @@ pub struct Tenants {
     usage: Mutex<HashMap<String, Arc<Usage>>>,
 }
 
-/// What a reload changed.
+/// What a reload changed. Example: [`Tenants::reload`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reloaded {
     /// Tenants in force now.
@@ -248,6 +371,19 @@ pub struct Reloaded {
 impl Tenants {
     /// Reads and checks the tenants file at `path` (its cgroups included:
     /// each must be a cgroup the agent can move threads into and out of).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("tenants.toml");
+    /// std::fs::write(&path, "[[tenant]]\nname = \"ops\"\nuids = [0]\nmodels = [\"*\"]\n")?;
+    /// let t = server::tenants::Tenants::load(&path)?;
+    /// assert_eq!(t.generation(), 1);
+    /// let names: Vec<String> = t.snapshot().into_iter().map(|s| s.name).collect();
+    /// assert_eq!(names, ["ops", "default"]); // the implicit default: rights to nothing
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn load(path: &Path) -> Result<Tenants, TenantsError> {
         let specs = file::read(path)?;
         check_cgroups(&specs, path)?;
@@ -259,6 +395,16 @@ impl Tenants {
     }
 
     /// Tenants from checked specs (tests, embedding).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{file, Tenants};
+    /// let t = Tenants::from_specs(file::parse("[[tenant]]\nname = \"default\"\n", "built-in")?);
+    /// assert_eq!(t.path(), None);
+    /// assert!(t.reload().is_err()); // nothing to read again
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_specs(specs: Vec<TenantSpec>) -> Tenants {
         let usage = Mutex::new(HashMap::new());
         let table = build(specs, &usage);
@@ -273,6 +419,24 @@ impl Tenants {
     /// Reads the file again and puts it in force; on any error the table
     /// in force stays as it was. Sessions keep going: each looks its
     /// tenant up again before its next request.
+    ///
+    /// # Examples
+    ///
+    /// What `serve` does on SIGHUP:
+    ///
+    /// ```
+    /// use server::tenants::{Reloaded, Tenants};
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("tenants.toml");
+    /// std::fs::write(&path, "[[tenant]]\nname = \"a\"\n")?;
+    /// let t = Tenants::load(&path)?;
+    /// std::fs::write(&path, "[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"b\"\n")?;
+    /// assert_eq!(t.reload()?, Reloaded { tenants: 2, generation: 2 });
+    /// std::fs::write(&path, "[[tenant]]\nname = \"a\"\nweight = 0\n")?;
+    /// assert!(t.reload().is_err());
+    /// assert_eq!(t.generation(), 2); // the table in force stays
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reload(&self) -> Result<Reloaded, TenantsError> {
         let Some(path) = &self.path else {
             return Err(TenantsError {
@@ -288,6 +452,18 @@ impl Tenants {
 
     /// Puts `specs` in force (what [`reload`](Self::reload) does once the
     /// file is read and checked).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{file, Identity, Tenants};
+    /// let t = Tenants::from_specs(Vec::new()); // nobody: unknown identities get nothing
+    /// assert!(!t.resolve(&Identity::REMOTE, None).map_err(|d| d.1)?.may_use("identity"));
+    /// let r = t.replace(file::parse("[[tenant]]\nname = \"default\"\nmodels = [\"*\"]\n", "t.toml")?);
+    /// assert_eq!(r.generation, t.generation());
+    /// assert!(t.resolve(&Identity::REMOTE, None).map_err(|d| d.1)?.may_use("identity"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn replace(&self, specs: Vec<TenantSpec>) -> Reloaded {
         let table = build(specs, &self.usage);
         let tenants = table.tenants.len();
@@ -299,18 +475,36 @@ impl Tenants {
         }
     }
 
-    /// The file the tenants came from.
+    /// The file the tenants came from. Examples: [`Tenants`],
+    /// [`Tenants::from_specs`].
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 
-    /// The generation in force (moves on every reload).
+    /// The generation in force (moves on every reload). Example:
+    /// [`Tenants::reload`].
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
     /// The tenant of `who` presenting `token` (see the module doc). A token
     /// no tenant lists is refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{Identity, Tenants};
+    /// # use server::tenants::{digest, file};
+    /// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+    /// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+    /// let t = Tenants::from_specs(file::parse(&text, "t.toml")?);
+    /// let who = Identity::REMOTE;
+    /// assert_eq!(&*t.resolve(&who, Some(b"s3cret")).map_err(|d| d.1)?.name, "analytics");
+    /// assert_eq!(&*t.resolve(&who, None).map_err(|d| d.1)?.name, "default");
+    /// let (status, _) = t.resolve(&who, Some(b"guess")).unwrap_err();
+    /// assert_eq!(status, wire::Status::PermissionDenied);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn resolve(&self, who: &Identity, token: Option<&[u8]>) -> Result<Arc<Tenant>, Denied> {
         self.resolve_digest(who, token.map(digest).as_ref())
     }
@@ -356,6 +550,20 @@ impl Tenants {
 
     /// Every tenant in force, with its counters (the implicit `default`
     /// too, when the file declares none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{Identity, TenantSnapshot, Tenants};
+    /// use std::sync::Arc;
+    /// let t = Arc::new(Tenants::from_specs(Vec::new()));
+    /// let _seat = t.seat(&Identity::REMOTE, None).map_err(|d| d.1)?;
+    /// assert_eq!(t.snapshot(), [TenantSnapshot {
+    ///     name: "default".into(), in_flight: 0, queued: 0, connections: 1,
+    ///     requests: 0, denied: 0, over_quota: 0, cpu_ns: 0,
+    /// }]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn snapshot(&self) -> Vec<TenantSnapshot> {
         let t = self.table.load();
         let mut all: Vec<&Arc<Tenant>> = t.tenants.iter().collect();
@@ -381,6 +589,22 @@ impl Tenants {
 
     /// Seats a new session of `who` with `token`: its tenant, counted
     /// against the tenant's `max_connections`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{file, Identity, Tenants};
+    /// use std::sync::Arc;
+    /// let t = Arc::new(Tenants::from_specs(file::parse(
+    ///     "[[tenant]]\nname = \"default\"\nmax_connections = 1\n", "t.toml")?));
+    /// let first = t.seat(&Identity::REMOTE, None).map_err(|d| d.1)?;
+    /// let (status, msg) = t.seat(&Identity::REMOTE, None).unwrap_err();
+    /// assert_eq!(status, wire::Status::LimitExceeded);
+    /// assert!(msg.contains("max_connections (1)"), "{msg}");
+    /// drop(first); // the session ended
+    /// assert!(t.seat(&Identity::REMOTE, None).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn seat(self: &Arc<Self>, who: &Identity, token: Option<&[u8]>) -> Result<Seat, Denied> {
         let digest = token.map(digest);
         let tenant = self.resolve_digest(who, digest.as_ref())?;
@@ -411,6 +635,19 @@ impl Tenants {
     /// A seat for one request that comes without a session of its own (a
     /// KServe front door's HTTP or gRPC call): its tenant, not counted in
     /// `max_connections`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{file, Identity, Tenants};
+    /// use std::sync::Arc;
+    /// let t = Arc::new(Tenants::from_specs(file::parse(
+    ///     "[[tenant]]\nname = \"default\"\nmax_connections = 1\n", "t.toml")?));
+    /// let _session = t.seat(&Identity::REMOTE, None).map_err(|d| d.1)?;
+    /// let call = t.request_seat(&Identity::REMOTE, None).map_err(|d| d.1)?; // not a session
+    /// assert_eq!(call.tenant_name(), "default");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn request_seat(
         self: &Arc<Self>,
         who: &Identity,
@@ -463,7 +700,15 @@ fn take_one(counter: &AtomicU32, max: Option<u32>) -> bool {
         .is_ok()
 }
 
-/// SHA-256 of a token.
+/// SHA-256 of a token: what a tenants file lists (as hex) in
+/// `tokens_sha256`.
+///
+/// # Examples
+///
+/// ```
+/// let hex: String = server::tenants::digest(b"test").iter().map(|b| format!("{b:02x}")).collect();
+/// assert_eq!(hex, "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+/// ```
 pub fn digest(token: &[u8]) -> [u8; 32] {
     Sha256::digest(token).into()
 }
@@ -558,6 +803,25 @@ impl Drop for Seat {
 impl Seat {
     /// The tenant in force for this session, looked up again when the file
     /// was reloaded since.
+    ///
+    /// # Examples
+    ///
+    /// A session whose token is dropped from the file loses its tenant at
+    /// its next request:
+    ///
+    /// ```
+    /// use server::tenants::{Identity, Tenants};
+    /// use std::sync::Arc;
+    /// # use server::tenants::{digest, file};
+    /// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+    /// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+    /// let t = Arc::new(Tenants::from_specs(file::parse(&text, "t.toml")?));
+    /// let seat = t.seat(&Identity::REMOTE, Some(b"s3cret")).map_err(|d| d.1)?;
+    /// assert_eq!(&*seat.tenant().map_err(|d| d.1)?.name, "analytics");
+    /// t.replace(Vec::new());
+    /// assert!(seat.tenant().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn tenant(&self) -> Result<Arc<Tenant>, Denied> {
         let now = self.tenants.generation();
         if now != self.generation.get() {
@@ -579,13 +843,28 @@ impl Seat {
         self.tenant.borrow().clone()
     }
 
-    /// The name of the tenant in force (for messages).
+    /// The name of the tenant in force (for messages). Example:
+    /// [`Tenants::request_seat`].
     pub fn tenant_name(&self) -> String {
         self.tenant()
             .map_or_else(|_| "(none)".into(), |t| t.name.to_string())
     }
 
     /// Whether this session may list and look up the model named `name`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{Identity, Tenants};
+    /// use std::sync::Arc;
+    /// # use server::tenants::{digest, file};
+    /// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+    /// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+    /// let t = Arc::new(Tenants::from_specs(file::parse(&text, "t.toml")?));
+    /// let seat = t.seat(&Identity::REMOTE, None).map_err(|d| d.1)?; // no token: default
+    /// assert!(!seat.may_see("identity"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn may_see(&self, name: &str) -> bool {
         self.tenant().is_ok_and(|t| t.may_use(name))
     }
@@ -594,6 +873,27 @@ impl Seat {
     /// capability (cached per model), the request size, the rate and the
     /// tenant's in-flight quota. The [`Ticket`] counts the request in
     /// flight until it drops.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{Identity, Tenants};
+    /// use std::sync::Arc;
+    /// use wire::Status;
+    /// # use server::tenants::{digest, file};
+    /// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+    /// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+    /// let t = Arc::new(Tenants::from_specs(file::parse(&text, "t.toml")?));
+    /// let registry = server::ModelRegistry::with_identity();
+    /// let model = registry.find("identity").ok_or("served")?;
+    /// let seat = t.seat(&Identity::REMOTE, Some(b"s3cret")).map_err(|d| d.1)?;
+    /// assert_eq!(seat.admit(&model, 4096).unwrap_err().0, Status::LimitExceeded); // max_request_bytes
+    /// let ticket = seat.admit(&model, 16).map_err(|d| d.1)?;
+    /// assert_eq!(seat.admit(&model, 16).unwrap_err().0, Status::TooManyInFlight); // max_in_flight 1
+    /// ticket.release(); // its answer is leaving
+    /// assert!(seat.admit(&model, 16).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn admit(&self, model: &ModelEntry, payload: u64) -> Result<Ticket, Denied> {
         self.admit_id(model.id, Some(model), payload)
     }
@@ -603,6 +903,22 @@ impl Seat {
     /// before existence: an id the tenant may not call and an id no model
     /// has get the same answer, naming only the id, so a tenant cannot
     /// learn which models (or names) the agent serves for others.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{Identity, Tenants};
+    /// use std::sync::Arc;
+    /// # use server::tenants::{digest, file};
+    /// # let hex: String = digest(b"s3cret").iter().map(|b| format!("{b:02x}")).collect();
+    /// # let text = format!("[[tenant]]\nname = \"analytics\"\ntokens_sha256 = [\"{hex}\"]\nmodels = [\"identity\"]\nmax_in_flight = 1\nmax_request_bytes = 1024\n\n[[tenant]]\nname = \"default\"\nmodels = []\n");
+    /// let t = Arc::new(Tenants::from_specs(file::parse(&text, "t.toml")?));
+    /// let seat = t.seat(&Identity::REMOTE, Some(b"s3cret")).map_err(|d| d.1)?;
+    /// let (status, msg) = seat.admit_id(99, None, 0).unwrap_err(); // no model 99
+    /// assert_eq!(status, wire::Status::PermissionDenied);
+    /// assert!(msg.contains("may not call model id 99"), "{msg}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn admit_id(
         &self,
         id: u32,
@@ -680,6 +996,25 @@ impl Seat {
 /// (~1.2 µs on the VMs measured, not in the vDSO), so it is read at the
 /// start and end of a turn and every [`CpuMeter::EVERY`] requests within
 /// it, never per request.
+///
+/// # Examples
+///
+/// A worker's turn for one session, charged to its tenant:
+///
+/// ```
+/// use server::tenants::{CpuMeter, Identity, Tenants};
+/// use std::sync::atomic::Ordering;
+/// use std::sync::Arc;
+/// let t = Arc::new(Tenants::from_specs(Vec::new()));
+/// let seat = t.seat(&Identity::REMOTE, None).map_err(|d| d.1)?;
+/// let meter = CpuMeter::start(&seat);
+/// let mut x = 0u64;
+/// for i in 0..1_000_000u64 { x = x.wrapping_add(std::hint::black_box(i)); } // the turn's work
+/// meter.finish(&seat);
+/// let tenant = seat.tenant().map_err(|d| d.1)?;
+/// assert!(tenant.usage.cpu_ns.load(Ordering::Relaxed) > 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct CpuMeter {
     since: u64,
@@ -690,10 +1025,27 @@ pub struct CpuMeter {
 
 impl CpuMeter {
     /// Requests between two reads of the clock within one turn.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::tenants::{CpuMeter, Identity, Seat, Tenants};
+    /// use std::sync::atomic::Ordering;
+    /// use std::sync::Arc;
+    /// let t = Arc::new(Tenants::from_specs(Vec::new()));
+    /// let seat = t.seat(&Identity::REMOTE, None).map_err(|d| d.1)?;
+    /// let cpu = |s: &Seat| s.tenant().map(|t| t.usage.cpu_ns.load(Ordering::Relaxed));
+    /// let mut meter = CpuMeter::start(&seat);
+    /// for _ in 1..CpuMeter::EVERY { meter.tick(&seat); }
+    /// assert_eq!(cpu(&seat).map_err(|d| d.1)?, 0); // not charged yet
+    /// meter.tick(&seat); // the EVERY-th request reads the clock
+    /// assert!(cpu(&seat).map_err(|d| d.1)? > 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub const EVERY: u32 = 256;
 
     /// Starts metering this thread for `seat`'s tenant (and moves it into
-    /// the tenant's cgroup, if it has one).
+    /// the tenant's cgroup, if it has one). Example: [`CpuMeter`].
     pub fn start(seat: &Seat) -> CpuMeter {
         let placed = seat
             .tenant()
@@ -708,6 +1060,7 @@ impl CpuMeter {
     }
 
     /// One request served: every [`Self::EVERY`] requests, charges `seat`.
+    /// Example: [`CpuMeter::EVERY`].
     pub fn tick(&mut self, seat: &Seat) {
         self.requests += 1;
         if self.requests >= Self::EVERY {
@@ -717,6 +1070,7 @@ impl CpuMeter {
     }
 
     /// Charges `seat` what this thread spent since the last charge.
+    /// Example: [`CpuMeter`] ([`finish`](CpuMeter::finish) charges).
     pub fn charge(&mut self, seat: &Seat) {
         let now = thread_cpu_ns();
         let spent = now.saturating_sub(self.since);
@@ -727,7 +1081,7 @@ impl CpuMeter {
     }
 
     /// The turn is over: charges `seat` (and the drop moves the thread back
-    /// to the agent's own cgroup).
+    /// to the agent's own cgroup). Example: [`CpuMeter`].
     pub fn finish(mut self, seat: &Seat) {
         self.charge(seat);
     }
@@ -746,6 +1100,16 @@ impl Drop for CpuMeter {
 }
 
 /// CPU time this thread has used, ns (`CLOCK_THREAD_CPUTIME_ID`).
+///
+/// # Examples
+///
+/// ```
+/// use server::tenants::thread_cpu_ns;
+/// let before = thread_cpu_ns();
+/// let mut x = 0u64;
+/// for i in 0..1_000_000u64 { x = x.wrapping_add(std::hint::black_box(i)); }
+/// assert!(thread_cpu_ns() > before);
+/// ```
 pub fn thread_cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     (t.tv_sec as u64)
@@ -755,7 +1119,7 @@ pub fn thread_cpu_ns() -> u64 {
 
 /// One admitted request's count in its tenant's in-flight quota (given
 /// back by [`release`](Ticket::release) or on drop), and what the model
-/// queue needs of its tenant.
+/// queue needs of its tenant. Example: [`Seat::admit`].
 #[derive(Debug)]
 pub struct Ticket {
     /// The request's tenant.
@@ -773,6 +1137,8 @@ impl Ticket {
 
     /// Gives the request's place in its tenant's in-flight quota back now
     /// (its answer is about to leave; the client may send again at once).
+    /// Example: [`Seat::admit`] (dropping the ticket afterwards gives
+    /// nothing back twice).
     pub fn release(&self) {
         if !self.released.swap(true, Ordering::AcqRel) {
             self.tenant.usage.in_flight.fetch_sub(1, Ordering::AcqRel);
