@@ -242,6 +242,63 @@ impl Listener {
     /// Binds and listens on a `tls://` endpoint, serving `config` (see
     /// [`crate::tls::server_config`]). The URI's client parameters (`ca=`,
     /// `cert=`, `key=`, `name=`) are refused: they are a client's.
+    ///
+    /// # Examples
+    ///
+    /// An agent's `tls://` listener and a client that trusts its CA; the
+    /// handshake runs in the accepted connection's first read:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::tls::server_config;
+    /// use transport::{connect, Endpoint, Listener};
+    /// use wire::{Header, Kind, Limits};
+    /// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+    /// #     let ca_key = rcgen::KeyPair::generate()?;
+    /// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    /// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    /// #     let ca = ca_params.self_signed(&ca_key)?;
+    /// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    /// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+    /// #         let key = rcgen::KeyPair::generate()?;
+    /// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+    /// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    /// #         std::fs::write(&c, cert.pem())?;
+    /// #         std::fs::write(&k, key.serialize_pem())?;
+    /// #         Ok((c, k))
+    /// #     };
+    /// #     let (cert, key) = leaf("localhost", "server")?;
+    /// #     let (ccert, ckey) = leaf("client.test", "client")?;
+    /// #     let ca_path = dir.join("ca.pem");
+    /// #     std::fs::write(&ca_path, ca.pem())?;
+    /// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+    /// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// let (files, client) = pki(dir.path())?; // a CA, a "localhost" and a "client.test" certificate
+    /// let listener = Listener::bind_tls(&Endpoint::parse("tls://127.0.0.1:0")?, server_config(&files)?)?;
+    /// let uri = format!(
+    ///     "{}?ca={}&cert={}&key={}&name=localhost",
+    ///     listener.endpoint(),
+    ///     client.ca.as_ref().ok_or("made")?.display(),
+    ///     client.cert.as_ref().ok_or("made")?.display(),
+    ///     client.key.as_ref().ok_or("made")?.display(),
+    /// );
+    /// let agent = std::thread::spawn(move || -> Result<_, Box<dyn std::error::Error + Send + Sync>> {
+    ///     let mut conn = listener.accept()?;
+    ///     let (h, _) = conn.recv_head(&Limits::default())?;
+    ///     Ok((h.kind, conn.tls_peer_names()))
+    /// });
+    /// let c = connect(&Endpoint::parse(&uri)?, Duration::from_secs(5))?;
+    /// c.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// let (kind, names) = agent.join().map_err(|_| "agent panicked")?.map_err(|e| e.to_string())?;
+    /// assert_eq!((kind, names), (Kind::Ping, Some(vec!["client.test".to_string()])));
+    ///
+    /// // A client's parameters on the listening side are refused:
+    /// let e = Listener::bind_tls(&Endpoint::parse("tls://127.0.0.1:0?ca=/x.pem")?, server_config(&files)?);
+    /// assert!(e.is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bind_tls(
         ep: &Endpoint,
         config: std::sync::Arc<rustls::ServerConfig>,

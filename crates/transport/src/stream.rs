@@ -335,6 +335,53 @@ impl StreamConn {
 
     /// Wraps a TLS session over TCP ([`crate::tls`]), setting `TCP_NODELAY`
     /// to `nodelay` on the socket underneath.
+    ///
+    /// # Examples
+    ///
+    /// Messages over a TLS session a program set up itself:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::tls::{client_config, server_config, server_name, TlsSock};
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind, Limits};
+    /// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+    /// #     let ca_key = rcgen::KeyPair::generate()?;
+    /// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    /// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    /// #     let ca = ca_params.self_signed(&ca_key)?;
+    /// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    /// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+    /// #         let key = rcgen::KeyPair::generate()?;
+    /// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+    /// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    /// #         std::fs::write(&c, cert.pem())?;
+    /// #         std::fs::write(&k, key.serialize_pem())?;
+    /// #         Ok((c, k))
+    /// #     };
+    /// #     let (cert, key) = leaf("localhost", "server")?;
+    /// #     let (ccert, ckey) = leaf("client.test", "client")?;
+    /// #     let ca_path = dir.join("ca.pem");
+    /// #     std::fs::write(&ca_path, ca.pem())?;
+    /// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+    /// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// let (files, params) = pki(dir.path())?;
+    /// let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr = l.local_addr()?;
+    /// let config = server_config(&files)?;
+    /// let agent = std::thread::spawn(move || -> Result<Kind, Box<dyn std::error::Error + Send + Sync>> {
+    ///     let mut conn = StreamConn::from_tls(TlsSock::server(l.accept()?.0, config)?, true)?;
+    ///     Ok(conn.recv_head(&Limits::default())?.0.kind)
+    /// });
+    /// let tcp = std::net::TcpStream::connect(addr)?;
+    /// let sock = TlsSock::client(tcp, client_config(&params)?, server_name("localhost:0", None)?, Duration::from_secs(5))?;
+    /// let conn = StreamConn::from_tls(sock, true)?;
+    /// conn.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// assert_eq!(agent.join().map_err(|_| "agent panicked")?.map_err(|e| e.to_string())?, Kind::Ping);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_tls(s: TlsSock, nodelay: bool) -> io::Result<StreamConn> {
         s.tcp().set_nodelay(nodelay)?;
         let peer = s
@@ -360,6 +407,16 @@ impl StreamConn {
     /// The subject alternative DNS names of a TLS peer's verified client
     /// certificate (once its handshake is done); `None` on other sockets
     /// and for TLS peers that presented none.
+    ///
+    /// Example: [`Listener::bind_tls`](crate::Listener::bind_tls) (a
+    /// client certificate named `client.test`). On other sockets:
+    ///
+    /// ```
+    /// let (a, _b) = std::os::unix::net::UnixStream::pair()?;
+    /// let conn = transport::StreamConn::from_unix(a, "pair".into());
+    /// assert_eq!(conn.tls_peer_names(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn tls_peer_names(&self) -> Option<Vec<String>> {
         match &self.sock {
             Sock::Tls(s) => s.peer_names(),
@@ -391,6 +448,18 @@ impl StreamConn {
     }
 
     /// A vsock peer's CID and port; `None` on other sockets.
+    ///
+    /// # Examples
+    ///
+    /// (This kernel has no vsock loopback: a unix connection has no vsock
+    /// peer.)
+    ///
+    /// ```
+    /// let (a, _b) = std::os::unix::net::UnixStream::pair()?;
+    /// let conn = transport::StreamConn::from_unix(a, "pair".into());
+    /// assert_eq!(conn.vsock_peer(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn vsock_peer(&self) -> Option<VsockAddr> {
         match &self.sock {
             Sock::Vsock(_, a) => Some(*a),
@@ -929,6 +998,55 @@ impl StreamWriter {
     /// Sends one message; while the socket is full, calls `on_readable`
     /// whenever the peer has sent something, so a peer that writes before it
     /// reads cannot deadlock us (see `send_message`).
+    ///
+    /// # Examples
+    ///
+    /// Two ends that each send 4 MiB before reading: with plain sends both
+    /// would wait forever on full sockets; draining what the peer sends
+    /// meanwhile lets both finish.
+    ///
+    /// ```
+    /// use rustix::net::{recv, RecvFlags};
+    /// use std::io::Read;
+    /// use std::os::unix::net::UnixStream;
+    /// use std::time::Duration;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind, Limits, HEADER_LEN};
+    /// const LEN: usize = 4 << 20;
+    /// let (a, b) = UnixStream::pair()?;
+    /// let mut raw = a.try_clone()?; // where the draining reads from
+    /// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// let peer = std::thread::spawn(move || -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
+    ///     let mut h = Header::new(Kind::Request);
+    ///     h.payload_len = LEN as u64;
+    ///     b.writer()?.send(&h, &[], &[&vec![7u8; LEN]])?; // writes first...
+    ///     let (got, _) = b.recv_head(&Limits::default())?; // ...then reads
+    ///     let mut payload = vec![0u8; got.payload_len as usize];
+    ///     b.recv_payload(&mut payload)?;
+    ///     Ok(got.payload_len)
+    /// });
+    ///
+    /// let mut h = Header::new(Kind::Response);
+    /// h.payload_len = LEN as u64;
+    /// let mut drained = Vec::new();
+    /// let mut chunk = vec![0u8; 1 << 16];
+    /// let mut on_readable = || -> std::io::Result<()> {
+    ///     // Take what has arrived, without waiting for more.
+    ///     while let Ok((n, _)) = recv(&raw, &mut chunk[..], RecvFlags::DONTWAIT) {
+    ///         if n == 0 { break; }
+    ///         drained.extend_from_slice(&chunk[..n]);
+    ///     }
+    ///     Ok(())
+    /// };
+    /// let w = a.writer()?;
+    /// w.send_draining(&h, &[], &[&vec![1u8; LEN]], &mut on_readable, Some(Duration::from_secs(30)))?;
+    /// assert_eq!(peer.join().map_err(|_| "peer panicked")?.map_err(|e| e.to_string())?, LEN as u64);
+    /// let mut rest = vec![0u8; HEADER_LEN + LEN - drained.len()];
+    /// raw.read_exact(&mut rest)?; // whatever the draining had not taken yet
+    /// drained.extend_from_slice(&rest);
+    /// assert!(drained[HEADER_LEN..].iter().all(|&x| x == 7));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn send_draining(
         &self,
         header: &Header,

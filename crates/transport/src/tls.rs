@@ -47,6 +47,16 @@ use thiserror::Error;
 
 /// A TLS setting that cannot be used: a file that cannot be read, holds no
 /// certificate or key, or a key that does not fit its certificate.
+///
+/// # Examples
+///
+/// ```
+/// use transport::tls::{server_config, ServerTlsFiles};
+/// let files = ServerTlsFiles { cert: "/nonexistent/cert.pem".into(), key: "/nonexistent/key.pem".into(), client_ca: None };
+/// let e = server_config(&files).unwrap_err();
+/// assert_eq!(e.what, "certificate");
+/// assert!(e.to_string().starts_with("TLS certificate /nonexistent/cert.pem: "), "{e}");
+/// ```
 #[derive(Debug, Error)]
 #[error("TLS {what} {path}: {reason}")]
 pub struct TlsError {
@@ -60,6 +70,48 @@ pub struct TlsError {
 
 /// The agent's side of TLS, as files: its certificate chain and key, and
 /// optionally the CA that client certificates must be signed by.
+///
+/// # Examples
+///
+/// An agent's `tls://` listener from its files (`--tls-cert`, `--tls-key`,
+/// `--tls-client-ca`; TOML `[tls]`):
+///
+/// ```
+/// use transport::tls::{server_config, ServerTlsFiles};
+/// use transport::{Endpoint, Listener};
+/// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+/// #     let ca_key = rcgen::KeyPair::generate()?;
+/// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+/// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+/// #     let ca = ca_params.self_signed(&ca_key)?;
+/// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+/// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+/// #         let key = rcgen::KeyPair::generate()?;
+/// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+/// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+/// #         std::fs::write(&c, cert.pem())?;
+/// #         std::fs::write(&k, key.serialize_pem())?;
+/// #         Ok((c, k))
+/// #     };
+/// #     let (cert, key) = leaf("localhost", "server")?;
+/// #     let (ccert, ckey) = leaf("client.test", "client")?;
+/// #     let ca_path = dir.join("ca.pem");
+/// #     std::fs::write(&ca_path, ca.pem())?;
+/// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+/// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let (made, _) = pki(dir.path())?;
+/// let files = ServerTlsFiles {
+///     cert: dir.path().join("server.pem"),
+///     key: dir.path().join("server.key"),
+///     client_ca: None, // Some(ca): mutual TLS
+/// };
+/// # assert_eq!((&files.cert, &files.key), (&made.cert, &made.key));
+/// let listener = Listener::bind_tls(&Endpoint::parse("tls://127.0.0.1:0")?, server_config(&files)?)?;
+/// assert!(listener.endpoint().to_string().starts_with("tls://127.0.0.1:"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerTlsFiles {
     /// PEM certificate chain, the agent's own certificate first.
@@ -73,6 +125,21 @@ pub struct ServerTlsFiles {
 
 /// A client's side of TLS, from a `tls://` URI's parameters
 /// (`?ca=PATH&cert=PATH&key=PATH&name=HOST`).
+///
+/// # Examples
+///
+/// ```
+/// use transport::tls::TlsClientParams;
+/// use transport::Endpoint;
+/// let ep = Endpoint::parse("tls://10.0.0.5:9000?ca=/etc/tw/ca.pem&name=agent.internal")?;
+/// let Endpoint::Tls { client, .. } = ep else { unreachable!() };
+/// assert_eq!(client, TlsClientParams {
+///     ca: Some("/etc/tw/ca.pem".into()),
+///     name: Some("agent.internal".into()),
+///     ..TlsClientParams::default()
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TlsClientParams {
     /// PEM CA certificates to trust for the agent's certificate (`ca=`);
@@ -89,6 +156,14 @@ pub struct TlsClientParams {
 
 impl TlsClientParams {
     /// True when no parameter is set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::tls::TlsClientParams;
+    /// assert!(TlsClientParams::default().is_empty()); // the system's trust store, the URI's host
+    /// assert!(!TlsClientParams { name: Some("a".into()), ..Default::default() }.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         *self == TlsClientParams::default()
     }
@@ -151,6 +226,43 @@ fn roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
 }
 
 /// Builds the agent's TLS configuration from its files (TLS 1.2 and 1.3).
+///
+/// # Examples
+///
+/// A key that is not the certificate's is refused here, not at the first
+/// handshake:
+///
+/// ```
+/// use transport::tls::{server_config, ServerTlsFiles};
+/// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+/// #     let ca_key = rcgen::KeyPair::generate()?;
+/// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+/// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+/// #     let ca = ca_params.self_signed(&ca_key)?;
+/// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+/// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+/// #         let key = rcgen::KeyPair::generate()?;
+/// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+/// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+/// #         std::fs::write(&c, cert.pem())?;
+/// #         std::fs::write(&k, key.serialize_pem())?;
+/// #         Ok((c, k))
+/// #     };
+/// #     let (cert, key) = leaf("localhost", "server")?;
+/// #     let (ccert, ckey) = leaf("client.test", "client")?;
+/// #     let ca_path = dir.join("ca.pem");
+/// #     std::fs::write(&ca_path, ca.pem())?;
+/// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+/// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// let (files, client) = pki(dir.path())?;
+/// assert!(server_config(&files).is_ok());
+/// let wrong = ServerTlsFiles { key: client.key.ok_or("made")?, ..files };
+/// let e = server_config(&wrong).unwrap_err();
+/// assert!(e.reason.starts_with("does not fit the certificate"), "{e}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let certs = read_certs("certificate", &files.cert)?;
     let key = read_key(&files.key)?;
@@ -184,6 +296,16 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<Arc<ServerConfig>, TlsErr
 }
 
 /// Builds a client's TLS configuration from a URI's parameters.
+///
+/// # Examples
+///
+/// ```
+/// use transport::tls::{client_config, TlsClientParams};
+/// assert!(client_config(&TlsClientParams::default()).is_ok()); // the system's trust store
+/// let half = TlsClientParams { cert: Some("client.pem".into()), ..Default::default() };
+/// let e = client_config(&half).unwrap_err();
+/// assert_eq!(e.reason, "a client certificate needs both cert= and key=");
+/// ```
 pub fn client_config(p: &TlsClientParams) -> Result<Arc<ClientConfig>, TlsError> {
     let store = match &p.ca {
         Some(ca) => roots(ca)?,
@@ -225,6 +347,16 @@ pub fn client_config(p: &TlsClientParams) -> Result<Arc<ClientConfig>, TlsError>
 
 /// The name a client checks the agent's certificate against: `name`, or
 /// the host of `host:port` (brackets of an IPv6 address removed).
+///
+/// # Examples
+///
+/// ```
+/// use transport::tls::server_name;
+/// assert_eq!(server_name("agent.internal:9000", None)?.to_str(), "agent.internal");
+/// assert_eq!(server_name("[::1]:9000", None)?.to_str(), "::1");
+/// assert_eq!(server_name("10.0.0.5:9000", Some("agent.internal"))?.to_str(), "agent.internal");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn server_name(addr: &str, name: Option<&str>) -> io::Result<ServerName<'static>> {
     let host = match name {
         Some(n) => n,
@@ -266,6 +398,62 @@ fn from_ns(ns: u64) -> Option<Duration> {
 }
 
 /// A TCP socket carrying one TLS session; see the module docs.
+///
+/// # Examples
+///
+/// Both ends of a mutual-TLS session over loopback, by hand (a
+/// [`Listener`](crate::Listener) and [`connect`](crate::connect) do this
+/// for `tls://` URIs):
+///
+/// ```
+/// use std::io::IoSlice;
+/// use std::time::Duration;
+/// use transport::tls::{client_config, server_config, server_name, TlsSock};
+/// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+/// #     let ca_key = rcgen::KeyPair::generate()?;
+/// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+/// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+/// #     let ca = ca_params.self_signed(&ca_key)?;
+/// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+/// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+/// #         let key = rcgen::KeyPair::generate()?;
+/// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+/// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+/// #         std::fs::write(&c, cert.pem())?;
+/// #         std::fs::write(&k, key.serialize_pem())?;
+/// #         Ok((c, k))
+/// #     };
+/// #     let (cert, key) = leaf("localhost", "server")?;
+/// #     let (ccert, ckey) = leaf("client.test", "client")?;
+/// #     let ca_path = dir.join("ca.pem");
+/// #     std::fs::write(&ca_path, ca.pem())?;
+/// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+/// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// let (server_files, client_params) = pki(dir.path())?; // a CA, "localhost", "client.test"
+/// let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+/// let addr = listener.local_addr()?;
+/// let config = server_config(&server_files)?;
+/// let agent = std::thread::spawn(move || -> std::io::Result<(Vec<u8>, Option<Vec<String>>)> {
+///     let sock = TlsSock::server(listener.accept()?.0, config)?;
+///     sock.set_read_timeout(Some(Duration::from_secs(5)));
+///     let mut buf = [0u8; 5];
+///     let n = sock.read(&mut buf)?; // the handshake runs in the first reads
+///     Ok((buf[..n].to_vec(), sock.peer_names()))
+/// });
+///
+/// let tcp = std::net::TcpStream::connect(addr)?;
+/// let name = server_name("localhost:0", None)?;
+/// let client = TlsSock::client(tcp, client_config(&client_params)?, name, Duration::from_secs(5))?;
+/// assert!(client.tcp().peer_addr()?.ip().is_loopback());
+/// client.send(&mut [IoSlice::new(b"hello")], None)?;
+/// let (got, names) = agent.join().map_err(|_| "agent panicked")??;
+/// assert_eq!(got, b"hello");
+/// assert_eq!(names, Some(vec!["client.test".to_string()]));
+/// assert_eq!(client.peer_names(), Some(vec!["localhost".to_string()]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct TlsSock {
     tcp: TcpStream,
@@ -368,7 +556,7 @@ fn remaining(deadline: Option<Instant>) -> Result<Option<Duration>, ()> {
 
 impl TlsSock {
     /// The agent's side of an accepted connection; the handshake runs in
-    /// the first reads.
+    /// the first reads. Example: [`TlsSock`].
     pub fn server(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<TlsSock> {
         let conn = rustls::ServerConnection::new(config).map_err(tls_err)?;
         Ok(TlsSock::new(tcp, Connection::Server(conn)))
@@ -376,6 +564,55 @@ impl TlsSock {
 
     /// A client's side: handshakes with the agent before returning, within
     /// `timeout`, so an untrusted certificate fails here.
+    ///
+    /// # Examples
+    ///
+    /// An agent whose certificate no trusted CA signed:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::tls::{client_config, server_config, server_name, TlsClientParams, TlsSock};
+    /// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+    /// #     let ca_key = rcgen::KeyPair::generate()?;
+    /// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    /// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    /// #     let ca = ca_params.self_signed(&ca_key)?;
+    /// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    /// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+    /// #         let key = rcgen::KeyPair::generate()?;
+    /// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+    /// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    /// #         std::fs::write(&c, cert.pem())?;
+    /// #         std::fs::write(&k, key.serialize_pem())?;
+    /// #         Ok((c, k))
+    /// #     };
+    /// #     let (cert, key) = leaf("localhost", "server")?;
+    /// #     let (ccert, ckey) = leaf("client.test", "client")?;
+    /// #     let ca_path = dir.join("ca.pem");
+    /// #     std::fs::write(&ca_path, ca.pem())?;
+    /// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+    /// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+    /// # }
+    /// # let (a, b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    /// let (server_files, _) = pki(a.path())?;
+    /// let (_, other_ca) = pki(b.path())?; // a stranger's CA
+    /// let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr = listener.local_addr()?;
+    /// let config = server_config(&server_files)?;
+    /// let agent = std::thread::spawn(move || -> std::io::Result<()> {
+    ///     let sock = TlsSock::server(listener.accept()?.0, config)?;
+    ///     sock.set_read_timeout(Some(Duration::from_secs(5)));
+    ///     let _ = sock.read(&mut [0u8; 1]); // fails: the client gives up
+    ///     Ok(())
+    /// });
+    /// let trust = TlsClientParams { ca: other_ca.ca, ..Default::default() };
+    /// let tcp = std::net::TcpStream::connect(addr)?;
+    /// let r = TlsSock::client(tcp, client_config(&trust)?, server_name("localhost:0", None)?, Duration::from_secs(5));
+    /// let e = r.unwrap_err();
+    /// assert!(e.to_string().contains("certificate"), "{e}");
+    /// agent.join().map_err(|_| "agent panicked")??;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn client(
         tcp: TcpStream,
         config: Arc<ClientConfig>,
@@ -438,7 +675,7 @@ impl TlsSock {
         self.tls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The TCP socket underneath.
+    /// The TCP socket underneath. Example: [`TlsSock`].
     pub fn tcp(&self) -> &TcpStream {
         &self.tcp
     }
@@ -485,6 +722,66 @@ impl TlsSock {
 
     /// Reads decrypted bytes without waiting: `WouldBlock` when none have
     /// arrived, `Ok(0)` at the end of the stream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::io::IoSlice;
+    /// use std::time::Duration;
+    /// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+    /// #     let ca_key = rcgen::KeyPair::generate()?;
+    /// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    /// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    /// #     let ca = ca_params.self_signed(&ca_key)?;
+    /// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    /// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+    /// #         let key = rcgen::KeyPair::generate()?;
+    /// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+    /// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    /// #         std::fs::write(&c, cert.pem())?;
+    /// #         std::fs::write(&k, key.serialize_pem())?;
+    /// #         Ok((c, k))
+    /// #     };
+    /// #     let (cert, key) = leaf("localhost", "server")?;
+    /// #     let (ccert, ckey) = leaf("client.test", "client")?;
+    /// #     let ca_path = dir.join("ca.pem");
+    /// #     std::fs::write(&ca_path, ca.pem())?;
+    /// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+    /// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+    /// # }
+    /// # fn tls_pair(server_files: &transport::tls::ServerTlsFiles, client: &transport::tls::TlsClientParams) -> Result<(transport::tls::TlsSock, transport::tls::TlsSock), Box<dyn std::error::Error>> {
+    /// #     use transport::tls::{client_config, server_config, server_name, TlsSock};
+    /// #     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// #     let addr = l.local_addr()?;
+    /// #     let config = server_config(server_files)?;
+    /// #     let accept = std::thread::spawn(move || -> std::io::Result<TlsSock> {
+    /// #         let s = TlsSock::server(l.accept()?.0, config)?;
+    /// #         s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    /// #         s.read(&mut [0u8; 1])?; // drives the handshake
+    /// #         s.set_read_timeout(None);
+    /// #         Ok(s)
+    /// #     });
+    /// #     let tcp = std::net::TcpStream::connect(addr)?;
+    /// #     let c = TlsSock::client(tcp, client_config(client)?, server_name("localhost:1", None)?, std::time::Duration::from_secs(5))?;
+    /// #     c.send(&mut [std::io::IoSlice::new(b"!")], None)?;
+    /// #     Ok((accept.join().map_err(|_| "accept panicked")??, c))
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let (files, params) = pki(dir.path())?;
+    /// let (server, client) = tls_pair(&files, &params)?; // a TlsSock each side, handshake done
+    /// let mut buf = [0u8; 16];
+    /// assert_eq!(server.try_read(&mut buf).map_err(|e| e.kind()), Err(std::io::ErrorKind::WouldBlock));
+    /// client.send(&mut [IoSlice::new(b"ping")], None)?;
+    /// server.set_read_timeout(Some(Duration::from_secs(5)));
+    /// let n = server.read(&mut buf[..2])?; // one record arrives; two bytes taken
+    /// assert_eq!(&buf[..n], b"pi");
+    /// assert!(server.has_pending()); // the rest is decrypted already
+    /// assert_eq!(server.try_read(&mut buf)?, 2);
+    /// assert_eq!(&buf[..2], b"ng");
+    /// client.shutdown(std::net::Shutdown::Both)?;
+    /// assert_eq!(server.read(&mut buf)?, 0); // the end of the stream
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
@@ -507,6 +804,7 @@ impl TlsSock {
 
     /// Reads decrypted bytes, waiting up to the read timeout for some
     /// (`WouldBlock` when it passes, as a socket's `SO_RCVTIMEO` would).
+    /// Example: [`TlsSock::try_read`].
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         let deadline =
             from_ns(self.read_timeout_ns.load(Ordering::Relaxed)).map(|t| Instant::now() + t);
@@ -530,6 +828,7 @@ impl TlsSock {
     }
 
     /// True when decrypted bytes wait to be read (no socket call).
+    /// Example: [`TlsSock::try_read`].
     pub fn has_pending(&self) -> bool {
         self.lock()
             .process_new_packets()
@@ -539,7 +838,8 @@ impl TlsSock {
     /// Encrypts and sends all of `bufs`. Waits for room outside the lock,
     /// up to the write timeout; with `drain`, also runs its callback each
     /// time the peer has sent something while we wait (see
-    /// `stream::send_message`), bounded by its own timeout.
+    /// `stream::send_message`), bounded by its own timeout. Example:
+    /// [`TlsSock`].
     pub fn send(
         &self,
         mut bufs: &mut [IoSlice<'_>],
@@ -593,23 +893,131 @@ impl TlsSock {
     }
 
     /// Bounds how long [`TlsSock::read`] waits (`None` = forever).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+    /// #     let ca_key = rcgen::KeyPair::generate()?;
+    /// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    /// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    /// #     let ca = ca_params.self_signed(&ca_key)?;
+    /// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    /// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+    /// #         let key = rcgen::KeyPair::generate()?;
+    /// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+    /// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    /// #         std::fs::write(&c, cert.pem())?;
+    /// #         std::fs::write(&k, key.serialize_pem())?;
+    /// #         Ok((c, k))
+    /// #     };
+    /// #     let (cert, key) = leaf("localhost", "server")?;
+    /// #     let (ccert, ckey) = leaf("client.test", "client")?;
+    /// #     let ca_path = dir.join("ca.pem");
+    /// #     std::fs::write(&ca_path, ca.pem())?;
+    /// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+    /// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+    /// # }
+    /// # fn tls_pair(server_files: &transport::tls::ServerTlsFiles, client: &transport::tls::TlsClientParams) -> Result<(transport::tls::TlsSock, transport::tls::TlsSock), Box<dyn std::error::Error>> {
+    /// #     use transport::tls::{client_config, server_config, server_name, TlsSock};
+    /// #     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// #     let addr = l.local_addr()?;
+    /// #     let config = server_config(server_files)?;
+    /// #     let accept = std::thread::spawn(move || -> std::io::Result<TlsSock> {
+    /// #         let s = TlsSock::server(l.accept()?.0, config)?;
+    /// #         s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    /// #         s.read(&mut [0u8; 1])?; // drives the handshake
+    /// #         s.set_read_timeout(None);
+    /// #         Ok(s)
+    /// #     });
+    /// #     let tcp = std::net::TcpStream::connect(addr)?;
+    /// #     let c = TlsSock::client(tcp, client_config(client)?, server_name("localhost:1", None)?, std::time::Duration::from_secs(5))?;
+    /// #     c.send(&mut [std::io::IoSlice::new(b"!")], None)?;
+    /// #     Ok((accept.join().map_err(|_| "accept panicked")??, c))
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let (files, params) = pki(dir.path())?;
+    /// let (server, _client) = tls_pair(&files, &params)?;
+    /// server.set_read_timeout(Some(Duration::from_millis(20)));
+    /// let e = server.read(&mut [0u8; 4]).unwrap_err(); // nothing sent
+    /// assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_read_timeout(&self, t: Option<Duration>) {
         self.read_timeout_ns.store(to_ns(t), Ordering::Relaxed);
     }
 
     /// Bounds how long [`TlsSock::send`] waits for room (`None` = forever).
+    ///
+    /// # Examples
+    ///
+    /// A peer that never reads: the send gives up once the socket is full.
+    ///
+    /// ```
+    /// use std::io::IoSlice;
+    /// use std::time::Duration;
+    /// # fn pki(dir: &std::path::Path) -> Result<(transport::tls::ServerTlsFiles, transport::tls::TlsClientParams), Box<dyn std::error::Error>> {
+    /// #     let ca_key = rcgen::KeyPair::generate()?;
+    /// #     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    /// #     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    /// #     let ca = ca_params.self_signed(&ca_key)?;
+    /// #     let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    /// #     let mut leaf = |name: &str, file: &str| -> Result<(std::path::PathBuf, std::path::PathBuf), Box<dyn std::error::Error>> {
+    /// #         let key = rcgen::KeyPair::generate()?;
+    /// #         let cert = rcgen::CertificateParams::new(vec![name.to_string()])?.signed_by(&key, &issuer)?;
+    /// #         let (c, k) = (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")));
+    /// #         std::fs::write(&c, cert.pem())?;
+    /// #         std::fs::write(&k, key.serialize_pem())?;
+    /// #         Ok((c, k))
+    /// #     };
+    /// #     let (cert, key) = leaf("localhost", "server")?;
+    /// #     let (ccert, ckey) = leaf("client.test", "client")?;
+    /// #     let ca_path = dir.join("ca.pem");
+    /// #     std::fs::write(&ca_path, ca.pem())?;
+    /// #     Ok((transport::tls::ServerTlsFiles { cert, key, client_ca: Some(ca_path.clone()) },
+    /// #         transport::tls::TlsClientParams { ca: Some(ca_path), cert: Some(ccert), key: Some(ckey), name: None }))
+    /// # }
+    /// # fn tls_pair(server_files: &transport::tls::ServerTlsFiles, client: &transport::tls::TlsClientParams) -> Result<(transport::tls::TlsSock, transport::tls::TlsSock), Box<dyn std::error::Error>> {
+    /// #     use transport::tls::{client_config, server_config, server_name, TlsSock};
+    /// #     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// #     let addr = l.local_addr()?;
+    /// #     let config = server_config(server_files)?;
+    /// #     let accept = std::thread::spawn(move || -> std::io::Result<TlsSock> {
+    /// #         let s = TlsSock::server(l.accept()?.0, config)?;
+    /// #         s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    /// #         s.read(&mut [0u8; 1])?; // drives the handshake
+    /// #         s.set_read_timeout(None);
+    /// #         Ok(s)
+    /// #     });
+    /// #     let tcp = std::net::TcpStream::connect(addr)?;
+    /// #     let c = TlsSock::client(tcp, client_config(client)?, server_name("localhost:1", None)?, std::time::Duration::from_secs(5))?;
+    /// #     c.send(&mut [std::io::IoSlice::new(b"!")], None)?;
+    /// #     Ok((accept.join().map_err(|_| "accept panicked")??, c))
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let (files, params) = pki(dir.path())?;
+    /// let (_server, client) = tls_pair(&files, &params)?;
+    /// client.set_write_timeout(Some(Duration::from_millis(50)));
+    /// let big = vec![0u8; 64 << 20];
+    /// let e = client.send(&mut [IoSlice::new(&big)], None).unwrap_err();
+    /// assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_write_timeout(&self, t: Option<Duration>) {
         self.write_timeout_ns.store(to_ns(t), Ordering::Relaxed);
     }
 
     /// Closes the socket (no close_notify: this also wakes a reader
-    /// blocked in `poll`, which a TLS alert could not).
+    /// blocked in `poll`, which a TLS alert could not). Example:
+    /// [`TlsSock::try_read`].
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.tcp.shutdown(how)
     }
 
     /// The subject alternative DNS names of the peer's verified
     /// certificate; `None` before the handshake, or when the peer sent none.
+    /// Example: [`TlsSock`].
     pub fn peer_names(&self) -> Option<Vec<String>> {
         let c = self.lock();
         let der = c.peer_certificates()?.first()?;
