@@ -21,6 +21,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// How tensor bytes are moved.
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{copy, Mover};
+/// let src = vec![5u8; 4096];
+/// for m in [Mover::Memcpy, Mover::NonTemporal, Mover::Kernel] {
+///     let mut dst = vec![0u8; 4096];
+///     copy(m, &mut dst, &src)?;
+///     assert_eq!(dst, src, "{m}");
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mover {
@@ -38,6 +51,15 @@ pub enum Mover {
 
 impl Mover {
     /// Every mover, in counter order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::mover::Mover;
+    /// let names: Vec<&str> = Mover::ALL.iter().map(|m| m.name()).collect();
+    /// assert_eq!(names, ["memcpy", "nt", "kernel", "zero"]);
+    /// assert!(Mover::ALL.iter().enumerate().all(|(i, m)| m.index() == i));
+    /// ```
     pub const ALL: [Mover; 4] = [
         Mover::Memcpy,
         Mover::NonTemporal,
@@ -46,6 +68,7 @@ impl Mover {
     ];
 
     /// The mover's name as written in URIs, flags and policy files.
+    /// Example: [`Mover::ALL`].
     pub fn name(self) -> &'static str {
         match self {
             Mover::Memcpy => "memcpy",
@@ -55,7 +78,8 @@ impl Mover {
         }
     }
 
-    /// Index into per-mover arrays (`ALL` order).
+    /// Index into per-mover arrays (`ALL` order). Examples: [`Mover::ALL`],
+    /// [`MoverStats`].
     pub fn index(self) -> usize {
         self as usize
     }
@@ -68,6 +92,19 @@ impl fmt::Display for Mover {
 }
 
 /// Which mover a session uses: one fixed mover, or the policy's pick per copy.
+///
+/// # Examples
+///
+/// As `?mover=` and `--mover` write it:
+///
+/// ```
+/// use transport::mover::{Mover, MoverChoice};
+/// assert_eq!("nt".parse::<MoverChoice>()?, MoverChoice::Fixed(Mover::NonTemporal));
+/// assert_eq!("auto".parse::<MoverChoice>()?, MoverChoice::default());
+/// assert!("dma".parse::<MoverChoice>().unwrap_err().starts_with("unknown mover 'dma'"));
+/// assert_eq!(MoverChoice::Fixed(Mover::Kernel).to_string(), "kernel");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum MoverChoice {
     /// Ask the loaded [`Policy`] per copy (zero copy whenever the bytes
@@ -108,6 +145,16 @@ impl fmt::Display for MoverChoice {
 
 /// A copy that failed. Only the kernel mover fails: the other process is
 /// gone, forbids the read, or named memory it does not have.
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{kernel_read, MoverError};
+/// let mut dst = [0u8; 8];
+/// let e = kernel_read(std::process::id() as i32, &[(8, 8)], &mut dst).unwrap_err(); // page 0
+/// assert_eq!(e, MoverError::BadAddress { addr: 8, len: 8 });
+/// assert!(e.to_string().contains("EFAULT"));
+/// ```
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MoverError {
     /// `EFAULT`: a remote range is not mapped (readable) in the peer.
@@ -140,6 +187,23 @@ pub enum MoverError {
 ///
 /// # Panics
 /// If the lengths differ (a caller bug, as with `copy_from_slice`).
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{copy, Mover};
+/// let mut buf = vec![3u8; 1024];
+/// let mut dst = vec![0u8; 1024];
+/// copy(Mover::NonTemporal, &mut dst, &buf)?;
+/// assert_eq!(dst, buf);
+/// // Zero copy only "moves" bytes that are already where they are read:
+/// assert!(copy(Mover::Zero, &mut dst, &buf).is_err());
+/// let p = buf.as_mut_ptr();
+/// // SAFETY: (the example only) both views are of `buf`, and zero copy touches neither.
+/// let (same_dst, same_src) = unsafe { (std::slice::from_raw_parts_mut(p, 1024), std::slice::from_raw_parts(p, 1024)) };
+/// copy(Mover::Zero, same_dst, same_src)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn copy(mover: Mover, dst: &mut [u8], src: &[u8]) -> Result<(), MoverError> {
     assert_eq!(dst.len(), src.len(), "mover copy: lengths differ");
     match mover {
@@ -163,6 +227,16 @@ pub fn copy(mover: Mover, dst: &mut [u8], src: &[u8]) -> Result<(), MoverError> 
 
 /// Below this many bytes [`copy_nt`] is a plain copy (streaming stores and
 /// the `sfence` cost more than they save).
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{copy_nt, NT_MIN_BYTES};
+/// let small = [1u8; NT_MIN_BYTES - 1]; // a plain copy
+/// let mut dst = [0u8; NT_MIN_BYTES - 1];
+/// copy_nt(&mut dst, &small);
+/// assert_eq!(dst, small);
+/// ```
 pub const NT_MIN_BYTES: usize = 256;
 
 /// Copies `src` into `dst` with non-temporal stores: AVX2 32-byte streaming
@@ -171,6 +245,18 @@ pub const NT_MIN_BYTES: usize = 256;
 /// unaligned head and the tail are copied normally; an `sfence` orders the
 /// streaming stores before anything this thread writes next (a ring mark
 /// publishing the data).
+///
+/// # Examples
+///
+/// A destination that is not 32-byte aligned: the head and tail are
+/// copied normally, the rest streamed.
+///
+/// ```
+/// let src: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+/// let mut dst = vec![0u8; 10_003];
+/// transport::mover::copy_nt(&mut dst[3..], &src);
+/// assert_eq!(&dst[3..], &src[..]);
+/// ```
 pub fn copy_nt(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "mover copy: lengths differ");
     #[cfg(target_arch = "x86_64")]
@@ -266,6 +352,21 @@ unsafe fn nt_sse2(dst: *mut u8, src: *const u8, n: usize) {
 /// against the peer's own mappings, so a peer that names memory it does not
 /// have gets an error and nothing else of it is read. Partial reads are
 /// continued; `dst.len()` must be the ranges' total.
+///
+/// # Examples
+///
+/// Two ranges of this process's own memory, gathered into one buffer
+/// (the agent does this with a client's pid, `--allow-kernel-pull`):
+///
+/// ```
+/// use transport::mover::kernel_read;
+/// let (a, b) = (vec![1u8; 100], vec![2u8; 28]);
+/// let mut dst = vec![0u8; 128];
+/// let ranges = [(a.as_ptr() as u64, a.len()), (b.as_ptr() as u64, b.len())];
+/// kernel_read(std::process::id() as i32, &ranges, &mut dst)?;
+/// assert_eq!((&dst[..100], &dst[100..]), (&a[..], &b[..]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn kernel_read(pid: i32, remote: &[(u64, usize)], dst: &mut [u8]) -> Result<(), MoverError> {
     let total = remote
         .iter()
@@ -347,6 +448,17 @@ pub fn kernel_read(pid: i32, remote: &[(u64, usize)], dst: &mut [u8]) -> Result<
 // Counting
 
 /// Bytes and copies per mover, in one process (relaxed atomics).
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{Mover, MoverCounters};
+/// let c = MoverCounters::default();
+/// c.add(Mover::Memcpy, 4096);
+/// c.add(Mover::Zero, 1 << 20); // sent in place
+/// let s = c.snapshot();
+/// assert_eq!((s.copies_of(Mover::Memcpy), s.bytes_of(Mover::Zero)), (1, 1 << 20));
+/// ```
 #[derive(Debug, Default)]
 pub struct MoverCounters {
     bytes: [AtomicU64; 4],
@@ -354,6 +466,18 @@ pub struct MoverCounters {
 }
 
 /// A snapshot of [`MoverCounters`], indexed by [`Mover::index`].
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{Mover, MoverStats};
+/// let mut s = MoverStats::default();
+/// assert_eq!(s.to_string(), "none");
+/// s.copies[Mover::NonTemporal.index()] = 2;
+/// s.bytes[Mover::NonTemporal.index()] = 8192;
+/// assert_eq!(s.to_string(), "nt 2 x / 8192 B");
+/// assert_eq!(s.bytes_of(Mover::NonTemporal), 8192);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoverStats {
     /// Tensor bytes moved by each mover (`Zero`: bytes sent in place).
@@ -363,11 +487,11 @@ pub struct MoverStats {
 }
 
 impl MoverStats {
-    /// Bytes moved by `m`.
+    /// Bytes moved by `m`. Example: [`MoverStats`].
     pub fn bytes_of(&self, m: Mover) -> u64 {
         self.bytes[m.index()]
     }
-    /// Tensors moved by `m`.
+    /// Tensors moved by `m`. Example: [`MoverCounters`].
     pub fn copies_of(&self, m: Mover) -> u64 {
         self.copies[m.index()]
     }
@@ -393,12 +517,12 @@ impl fmt::Display for MoverStats {
 }
 
 impl MoverCounters {
-    /// Counts one tensor of `bytes` moved by `m`.
+    /// Counts one tensor of `bytes` moved by `m`. Example: [`MoverCounters`].
     pub fn add(&self, m: Mover, bytes: u64) {
         self.bytes[m.index()].fetch_add(bytes, Ordering::Relaxed);
         self.copies[m.index()].fetch_add(1, Ordering::Relaxed);
     }
-    /// The counts so far.
+    /// The counts so far. Example: [`MoverCounters`].
     pub fn snapshot(&self) -> MoverStats {
         let mut s = MoverStats::default();
         for i in 0..4 {
@@ -411,6 +535,22 @@ impl MoverCounters {
 
 /// A mover choice with its counters: what a side of a session moves tensor
 /// bytes with ([`Movers::move_bytes`]) and what it has moved.
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{Mover, MoverChoice, Movers};
+/// let movers = Movers::default(); // auto
+/// movers.set_choice(MoverChoice::Fixed(Mover::NonTemporal));
+/// assert_eq!(movers.choice(), MoverChoice::Fixed(Mover::NonTemporal));
+/// let src = vec![9u8; 1 << 16];
+/// let mut dst = vec![0u8; 1 << 16];
+/// assert_eq!(movers.move_bytes(&mut dst, &src), Mover::NonTemporal);
+/// assert_eq!(dst, src);
+/// movers.count(Mover::Zero, 4096); // a tensor that was already in place
+/// let s = movers.stats();
+/// assert_eq!((s.bytes_of(Mover::NonTemporal), s.copies_of(Mover::Zero)), (1 << 16, 1));
+/// ```
 #[derive(Debug, Default)]
 pub struct Movers {
     /// [`MoverChoice`] as a code: 0 auto, 1 + [`Mover::index`] fixed.
@@ -419,7 +559,7 @@ pub struct Movers {
 }
 
 impl Movers {
-    /// Sets the choice for the copies that follow.
+    /// Sets the choice for the copies that follow. Example: [`Movers`].
     pub fn set_choice(&self, c: MoverChoice) {
         let code = match c {
             MoverChoice::Auto => 0,
@@ -428,7 +568,7 @@ impl Movers {
         self.choice.store(code, Ordering::Relaxed);
     }
 
-    /// The choice in force.
+    /// The choice in force. Example: [`Movers`].
     pub fn choice(&self) -> MoverChoice {
         match self.choice.load(Ordering::Relaxed) {
             0 => MoverChoice::Auto,
@@ -442,6 +582,17 @@ impl Movers {
     /// process's memory, so `zero` (nothing to skip here) is a memcpy, and
     /// a kernel copy that fails (a sandbox forbidding `process_vm_readv`)
     /// is redone as a memcpy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::mover::{Mover, MoverChoice, Movers};
+    /// let movers = Movers::default();
+    /// movers.set_choice(MoverChoice::Fixed(Mover::Zero));
+    /// let mut dst = [0u8; 4];
+    /// assert_eq!(movers.move_bytes(&mut dst, b"abcd"), Mover::Memcpy); // not in place: copied
+    /// assert_eq!(&dst, b"abcd");
+    /// ```
     pub fn move_bytes(&self, dst: &mut [u8], src: &[u8]) -> Mover {
         let d = self.choice().decide(src.len());
         let m = match d.mover {
@@ -460,11 +611,12 @@ impl Movers {
     }
 
     /// Counts bytes that needed no move (`Zero`) or were moved elsewhere.
+    /// Example: [`Movers`].
     pub fn count(&self, m: Mover, bytes: u64) {
         self.counters.add(m, bytes);
     }
 
-    /// The counts so far.
+    /// The counts so far. Example: [`Movers`].
     pub fn stats(&self) -> MoverStats {
         self.counters.snapshot()
     }
@@ -475,15 +627,28 @@ static INFLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// A copy in progress, counted in the process-wide number of copies running
 /// at once while it lives.
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::Inflight;
+/// let first = Inflight::enter();
+/// let second = Inflight::enter();
+/// assert_eq!((first.concurrency(), second.concurrency()), (1, 2));
+/// drop((first, second));
+/// assert_eq!(Inflight::enter().concurrency(), 1);
+/// ```
 #[derive(Debug)]
 pub struct Inflight(usize);
 
 impl Inflight {
     /// Enters a copy; `concurrency()` is how many run now, this one included.
+    /// Example: [`Inflight`].
     pub fn enter() -> Inflight {
         Inflight(INFLIGHT.fetch_add(1, Ordering::Relaxed) + 1)
     }
     /// Copies running when this one entered, itself included.
+    /// Example: [`Inflight`].
     pub fn concurrency(&self) -> usize {
         self.0
     }
@@ -499,6 +664,13 @@ impl Drop for Inflight {
 // The policy
 
 /// The policy file format's version ([`Policy::version`]).
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{Mover, Policy, POLICY_VERSION};
+/// assert_eq!(Policy::fixed(Mover::Memcpy).version, POLICY_VERSION);
+/// ```
 pub const POLICY_VERSION: u32 = 1;
 
 /// Entries' size classes: `log2_size` 0..=63.
@@ -533,7 +705,7 @@ fn half_bucket_start(hb: usize) -> usize {
 const MAX_CONC: usize = 8;
 
 /// One measured case of a policy: the best mover for a size bucket,
-/// concurrency and cache state.
+/// concurrency and cache state. Example: [`Policy`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyEntry {
     /// `floor(log2(size))` of the sizes this entry covers.
@@ -550,6 +722,29 @@ pub struct PolicyEntry {
 /// (log2 size, concurrency, cache state), decided for unseen cases by the
 /// nearest measured one. Loaded with [`Policy::load`], asked with
 /// [`Policy::choose`] (a table lookup: a few ns).
+///
+/// # Examples
+///
+/// A machine where streaming stores win from 4 MiB on, one copy at a time:
+///
+/// ```
+/// use transport::mover::{Mover, Policy, PolicyEntry};
+/// let entry = |log2_size, mover| PolicyEntry { log2_size, concurrency: 1, cold: false, mover };
+/// let p = Policy::new(
+///     "this machine".into(),
+///     16 << 20,
+///     vec![entry(12, Mover::Memcpy), entry(16, Mover::Memcpy), entry(22, Mover::NonTemporal)],
+/// )?;
+/// assert_eq!(p.choose(8 << 10, 1, None), Mover::Memcpy);
+/// assert_eq!(p.choose(8 << 20, 1, None), Mover::NonTemporal);
+/// assert!(p.memcpy_below > 64 << 10); // small copies decided by one comparison
+///
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("mover-policy.json");
+/// p.save(&path)?;
+/// assert_eq!(Policy::load(&path)?.choose(8 << 20, 1, None), Mover::NonTemporal);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Policy {
     /// [`POLICY_VERSION`].
@@ -572,6 +767,16 @@ pub struct Policy {
 
 impl Policy {
     /// A policy from measured entries (validated; the table built).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::mover::{Mover, Policy, PolicyEntry};
+    /// let zero = PolicyEntry { log2_size: 20, concurrency: 1, cold: false, mover: Mover::Zero };
+    /// let e = Policy::new("m".into(), 1 << 24, vec![zero]).unwrap_err();
+    /// assert!(e.contains("zero copy is not a choice"), "{e}");
+    /// assert!(Policy::new("m".into(), 1 << 24, vec![]).is_err()); // no entries
+    /// ```
     pub fn new(
         machine: String,
         cold_from_bytes: u64,
@@ -590,6 +795,15 @@ impl Policy {
     }
 
     /// A fixed policy: `m` for every case.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::mover::{Mover, Policy};
+    /// let p = Policy::fixed(Mover::NonTemporal);
+    /// assert_eq!(p.choose(64, 1, None), Mover::NonTemporal);
+    /// assert_eq!(p.choose(1 << 30, 8, Some(true)), Mover::NonTemporal);
+    /// ```
     pub fn fixed(m: Mover) -> Policy {
         Policy {
             version: POLICY_VERSION,
@@ -687,6 +901,20 @@ impl Policy {
     /// The mover for one copy of `bytes` with `concurrency` copies running
     /// at once (this one included); `cold`: whether the source is known to
     /// be out of cache (`None`: guessed from its size, `cold_from_bytes`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::mover::{Mover, Policy, PolicyEntry};
+    /// let p = Policy::new("m".into(), 1 << 24, vec![
+    ///     PolicyEntry { log2_size: 20, concurrency: 1, cold: false, mover: Mover::Memcpy },
+    ///     PolicyEntry { log2_size: 20, concurrency: 1, cold: true, mover: Mover::NonTemporal },
+    /// ])?;
+    /// assert_eq!(p.choose(1 << 20, 1, Some(false)), Mover::Memcpy);
+    /// assert_eq!(p.choose(1 << 20, 1, Some(true)), Mover::NonTemporal);
+    /// assert_eq!(p.choose(1 << 26, 1, None), Mover::NonTemporal); // ≥ cold_from_bytes: taken as cold
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn choose(&self, bytes: usize, concurrency: usize, cold: Option<bool>) -> Mover {
         let cold = cold.unwrap_or(bytes as u64 >= self.cold_from_bytes);
@@ -694,6 +922,17 @@ impl Policy {
     }
 
     /// Reads and validates a policy file.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("p.json");
+    /// std::fs::write(&path, "{}")?;
+    /// let e = transport::mover::Policy::load(&path).unwrap_err();
+    /// assert!(e.starts_with("not a policy"), "{e}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn load(path: &Path) -> Result<Policy, String> {
         let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
         let mut p: Policy =
@@ -702,7 +941,7 @@ impl Policy {
         Ok(p)
     }
 
-    /// Writes the policy as JSON.
+    /// Writes the policy as JSON. Example: [`Policy`].
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         std::fs::write(path, text + "\n")
@@ -713,6 +952,20 @@ impl Policy {
 /// `TENSORWIRE_MOVER_POLICY` environment variable, else
 /// `$XDG_CONFIG_HOME/tensorwire/mover-policy.json`, else
 /// `$HOME/.config/tensorwire/mover-policy.json`.
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::default_policy_path;
+/// match std::env::var_os("TENSORWIRE_MOVER_POLICY").filter(|p| !p.is_empty()) {
+///     Some(p) => assert_eq!(default_policy_path(), Some(p.into())),
+///     None => {
+///         let p = default_policy_path().ok_or("HOME is set here")?;
+///         assert!(p.ends_with("tensorwire/mover-policy.json"));
+///     }
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn default_policy_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TENSORWIRE_MOVER_POLICY").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
@@ -733,6 +986,8 @@ static POLICY: OnceLock<Policy> = OnceLock::new();
 /// `memcpy` policy and one warning on stderr naming the file and the
 /// problem; no file at the default path gives `memcpy` silently (this
 /// machine was not calibrated).
+///
+/// Example: [`set_policy_file`].
 pub fn process_policy() -> &'static Policy {
     POLICY.get_or_init(|| {
         let named = std::env::var_os("TENSORWIRE_MOVER_POLICY").filter(|p| !p.is_empty());
@@ -746,6 +1001,23 @@ pub fn process_policy() -> &'static Policy {
 /// Loads `path` as this process's policy (`--mover-policy FILE`), with the
 /// fallback and warning of [`load_or_fallback`]; false when a policy was
 /// already in use (the first one stays).
+///
+/// # Examples
+///
+/// What `serve --mover-policy FILE` does, before any copy:
+///
+/// ```
+/// use transport::mover::{process_policy, set_policy_file, Mover, MoverChoice, Policy, PolicyEntry};
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("policy.json");
+/// let nt = PolicyEntry { log2_size: 20, concurrency: 1, cold: false, mover: Mover::NonTemporal };
+/// Policy::new("streaming everywhere".into(), u64::MAX, vec![nt])?.save(&path)?;
+/// assert!(set_policy_file(&path));
+/// assert_eq!(process_policy().choose(1 << 20, 1, None), Mover::NonTemporal);
+/// assert_eq!(MoverChoice::Auto.decide(1 << 20).mover, Mover::NonTemporal);
+/// assert!(!set_policy_file(&path)); // the first one stays
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn set_policy_file(path: &Path) -> bool {
     let mut set = false;
     POLICY.get_or_init(|| {
@@ -756,6 +1028,14 @@ pub fn set_policy_file(path: &Path) -> bool {
 }
 
 /// Loads `path`, or falls back to fixed `memcpy` with a warning.
+///
+/// # Examples
+///
+/// ```
+/// use transport::mover::{load_or_fallback, Mover};
+/// let p = load_or_fallback(Some(std::path::Path::new("/nonexistent/policy.json"))); // warns
+/// assert_eq!(p.choose(1 << 30, 1, None), Mover::Memcpy);
+/// ```
 pub fn load_or_fallback(path: Option<&Path>) -> Policy {
     let Some(path) = path else {
         eprintln!("tensorwire: warning: mover=auto but no mover policy path (set TENSORWIRE_MOVER_POLICY or HOME); using memcpy");
@@ -776,6 +1056,7 @@ pub fn load_or_fallback(path: Option<&Path>) -> Policy {
 
 /// A mover decided for one copy; while it lives, a copy the policy was
 /// asked about counts in the process's copies at once ([`Inflight`]).
+/// Example: [`MoverChoice::decide`].
 #[derive(Debug)]
 pub struct Decision {
     /// The mover to use.
@@ -791,6 +1072,14 @@ impl MoverChoice {
     /// policy's `memcpy_below` (memcpy in every case it measured) are
     /// decided by one comparison, without counting them. `Zero` cannot move
     /// bytes and is returned as is (the caller refuses or skips).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::mover::{Mover, MoverChoice};
+    /// assert_eq!(MoverChoice::Fixed(Mover::Kernel).decide(1 << 20).mover, Mover::Kernel);
+    /// assert_eq!(MoverChoice::Auto.decide(64).mover, Mover::Memcpy); // small: memcpy in every policy here
+    /// ```
     #[inline]
     pub fn decide(self, bytes: usize) -> Decision {
         match self {

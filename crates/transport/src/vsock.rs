@@ -33,15 +33,52 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 /// `VMADDR_CID_ANY` (`vsock://-1:PORT`): a listener on every CID of this machine.
+///
+/// # Examples
+///
+/// This and the other named CIDs and ports ([`CID_LOCAL`], [`CID_HOST`],
+/// [`PORT_ANY`]) as URIs write them:
+///
+/// ```
+/// use transport::vsock::{CID_ANY, CID_HOST, CID_LOCAL, PORT_ANY};
+/// use transport::Endpoint;
+/// let vsock = |uri: &str| match Endpoint::parse(uri) {
+///     Ok(Endpoint::Vsock { cid, port }) => Ok((cid, port)),
+///     other => Err(format!("{uri}: {other:?}")),
+/// };
+/// assert_eq!(vsock("vsock://any:5000")?, (CID_ANY, 5000));
+/// assert_eq!(vsock("vsock://-1:-1")?, (CID_ANY, PORT_ANY));
+/// assert_eq!(vsock("vsock://host:5000")?, (CID_HOST, 5000));
+/// assert_eq!(vsock("vsock://local:5000")?, (CID_LOCAL, 5000));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const CID_ANY: u32 = u32::MAX;
 /// `VMADDR_CID_LOCAL` (`vsock://local:PORT`): this machine, through `vsock_loopback`.
+/// Example: [`CID_ANY`].
 pub const CID_LOCAL: u32 = 1;
 /// `VMADDR_CID_HOST` (`vsock://host:PORT`): the hypervisor's host, seen from a guest.
+/// Example: [`CID_ANY`].
 pub const CID_HOST: u32 = 2;
 /// `VMADDR_PORT_ANY` (`vsock://-1:-1`): a listener on a port the kernel picks.
+/// Example: [`CID_ANY`].
 pub const PORT_ANY: u32 = u32::MAX;
 
 /// A vsock address: a machine's context id and a port on it.
+///
+/// # Examples
+///
+/// (This kernel has no vsock loopback, so nothing here connects.)
+///
+/// ```
+/// use transport::vsock::{VsockAddr, CID_ANY, CID_HOST, PORT_ANY};
+/// use transport::Endpoint;
+/// let Endpoint::Vsock { cid, port } = Endpoint::parse("vsock://host:5000")? else { unreachable!() };
+/// let addr = VsockAddr { cid, port };
+/// assert_eq!(addr, VsockAddr { cid: CID_HOST, port: 5000 });
+/// assert_eq!(addr.to_string(), "2:5000");
+/// assert_eq!(VsockAddr { cid: CID_ANY, port: PORT_ANY }.to_string(), "-1:-1");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct VsockAddr {
     /// The context id ([`CID_ANY`], [`CID_LOCAL`], [`CID_HOST`] or a guest's).
@@ -167,6 +204,21 @@ fn as_vsock(a: SockAddr) -> io::Result<VsockAddr> {
 
 /// `e`, from connecting to `addr`, with a sentence saying what it means
 /// (its kind kept, the kernel's words kept in parentheses).
+///
+/// # Examples
+///
+/// ```
+/// use std::io;
+/// use std::time::Duration;
+/// use transport::vsock::{explain_connect, VsockAddr, CID_HOST};
+/// let e = explain_connect(
+///     VsockAddr { cid: CID_HOST, port: 5000 },
+///     Duration::from_secs(1),
+///     io::Error::from_raw_os_error(libc::ECONNRESET),
+/// );
+/// assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+/// assert!(e.to_string().starts_with("CID 2 refused port 5000: nothing listens there"), "{e}");
+/// ```
 pub fn explain_connect(addr: VsockAddr, timeout: Duration, e: io::Error) -> io::Error {
     let VsockAddr { cid, port } = addr;
     let timed_out = |within: String| {
@@ -206,6 +258,15 @@ pub fn explain_connect(addr: VsockAddr, timeout: Duration, e: io::Error) -> io::
 }
 
 /// `e`, from binding `addr`, with a sentence saying what it means.
+///
+/// # Examples
+///
+/// ```
+/// use std::io;
+/// use transport::vsock::{explain_bind, VsockAddr, CID_ANY};
+/// let e = explain_bind(VsockAddr { cid: CID_ANY, port: 80 }, io::Error::from_raw_os_error(libc::EACCES));
+/// assert!(e.to_string().contains("need CAP_NET_BIND_SERVICE"), "{e}");
+/// ```
 pub fn explain_bind(addr: VsockAddr, e: io::Error) -> io::Error {
     let VsockAddr { cid, port } = addr;
     let why = match e.raw_os_error() {
