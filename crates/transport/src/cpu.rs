@@ -34,21 +34,61 @@ static MOVES: AtomicU64 = AtomicU64::new(0);
 
 /// How many times threads of this process moved off a CPU they found
 /// shared with their peer (the agent reports it in its stats).
+///
+/// # Examples
+///
+/// ```
+/// use transport::cpu::{current, moves_total, CpuStep, Step};
+/// let before = moves_total();
+/// let mut step = CpuStep::new();
+/// let moved = step.step_off(current()) == Step::Moved;
+/// assert_eq!(moves_total(), before + u64::from(moved));
+/// ```
 pub fn moves_total() -> u64 {
     MOVES.load(Ordering::Relaxed)
 }
 
 /// The CPU this thread runs on now (the vDSO's `getcpu`: nanoseconds).
+///
+/// # Examples
+///
+/// ```
+/// let cpu = transport::cpu::current();
+/// let online = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+/// let last: usize = online.trim().rsplit(['-', ',']).next().ok_or("a CPU list")?.parse()?;
+/// assert!(cpu <= last);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn current() -> usize {
     sched_getcpu()
 }
 
 /// True if this thread's mask lets it run on a CPU other than `cpu`.
+///
+/// # Examples
+///
+/// A thread pinned to one CPU may not leave it:
+///
+/// ```
+/// use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+/// use transport::cpu::{current, may_leave};
+/// let pinned = std::thread::spawn(|| -> std::io::Result<bool> {
+///     let cpu = current();
+///     let mut only = CpuSet::new();
+///     only.set(cpu);
+///     sched_setaffinity(None, &only)?;
+///     Ok(may_leave(cpu))
+/// });
+/// assert!(!pinned.join().unwrap()?);
+/// let cpus = sched_getaffinity(None)?.count();
+/// assert_eq!(may_leave(current()), cpus > 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn may_leave(cpu: usize) -> bool {
     sched_getaffinity(None).is_ok_and(|m| m.count() > 1 || !m.is_set(cpu))
 }
 
-/// What [`CpuStep::step_off`] did.
+/// What [`CpuStep::step_off`] did. Example: [`CpuStep`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// The thread now runs on another CPU.
@@ -62,6 +102,29 @@ pub enum Step {
 }
 
 /// One waiter's moves off its peer's CPU (see the module docs).
+///
+/// # Examples
+///
+/// A waiter that finds its peer on its own CPU steps off it, at most
+/// once per [`CpuStep::MOVE_EVERY`]:
+///
+/// ```
+/// use rustix::thread::sched_getaffinity;
+/// use transport::cpu::{current, CpuStep, Step};
+/// let mut step = CpuStep::new();
+/// let peer_cpu = current(); // as the peer published it
+/// let first = step.step_off(peer_cpu);
+/// if sched_getaffinity(None)?.count() > 1 {
+///     assert_eq!(first, Step::Moved);
+///     assert_ne!(current(), peer_cpu);
+///     assert_eq!(step.moves(), 1);
+///     // Back on the peer's CPU within the millisecond, it stays:
+///     assert!(matches!(step.step_off(current()), Step::TooSoon | Step::NotThere));
+/// } else {
+///     assert_eq!(first, Step::Pinned);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct CpuStep {
     last: Option<Instant>,
@@ -73,9 +136,16 @@ impl CpuStep {
     /// comes back sooner (more spinning threads than CPUs, or a peer that
     /// follows), moving again at once would only bounce threads around;
     /// the waiter polls on, yielding, until it may move again.
+    /// Example: [`CpuStep`].
     pub const MOVE_EVERY: Duration = Duration::from_millis(1);
 
     /// A waiter that has not moved yet.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(transport::cpu::CpuStep::new().moves(), 0);
+    /// ```
     pub fn new() -> CpuStep {
         CpuStep::default()
     }
@@ -84,6 +154,24 @@ impl CpuStep {
     /// it is not on `cpu` (any more), it moved less than
     /// [`CpuStep::MOVE_EVERY`] ago, or its mask allows no other CPU. The
     /// mask is left as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::cpu::{current, CpuStep, Step};
+    /// let mut step = CpuStep::new();
+    /// let cpus = rustix::thread::sched_getaffinity(None)?;
+    /// let elsewhere = (0..rustix::thread::CpuSet::MAX_CPU).find(|&c| c != current());
+    /// if let Some(other) = elsewhere.filter(|&c| cpus.is_set(c)) {
+    ///     if current() != other { // (the scheduler may have moved us meanwhile)
+    ///         assert_eq!(step.step_off(other), Step::NotThere); // the peer is elsewhere
+    ///     }
+    /// }
+    /// let mask_before = rustix::thread::sched_getaffinity(None)?;
+    /// step.step_off(current());
+    /// assert_eq!(rustix::thread::sched_getaffinity(None)?, mask_before); // the mask is put back
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn step_off(&mut self, cpu: usize) -> Step {
         if current() != cpu {
             return Step::NotThere;
@@ -116,7 +204,7 @@ impl CpuStep {
         }
     }
 
-    /// How many times this waiter moved.
+    /// How many times this waiter moved. Example: [`CpuStep`].
     pub fn moves(&self) -> u64 {
         self.moves
     }

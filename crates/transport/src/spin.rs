@@ -39,16 +39,42 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The slots socket readers of this process poll in (half the CPUs).
+///
+/// # Examples
+///
+/// ```
+/// use transport::spin::{SHM_POLLERS, SOCKET_POLLERS};
+/// let cpus = std::thread::available_parallelism()?.get();
+/// assert_eq!(SOCKET_POLLERS.cap(), (cpus / 2).max(1));
+/// assert_eq!(SHM_POLLERS.cap(), cpus);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub static SOCKET_POLLERS: SpinSlots = SpinSlots::new();
 
 /// The slots the agent's shared-memory sessions poll in: one per CPU. A
 /// ring poll costs nanoseconds, not a system call, and a session that may
 /// not poll pays a futex wake-up (~5 µs each way) on every request, so
 /// these are as many as the CPUs, not half: beyond that, pollers only take
-/// turns on a CPU.
+/// turns on a CPU. Example: [`SOCKET_POLLERS`].
 pub static SHM_POLLERS: SpinSlots = SpinSlots::one_per_cpu();
 
 /// A process-wide cap on threads polling at once (see the module docs).
+///
+/// # Examples
+///
+/// A waiter polls only while it holds a slot; without one it blocks at
+/// once:
+///
+/// ```
+/// use transport::spin::SpinSlots;
+/// let slots = SpinSlots::with_cap(1);
+/// let first = slots.try_take();
+/// assert!(first.is_some());
+/// assert!(slots.try_take().is_none()); // one poller already
+/// assert_eq!(slots.busy(), 1);
+/// drop(first);
+/// assert_eq!((slots.busy(), slots.cap()), (0, 1));
+/// ```
 #[derive(Debug)]
 pub struct SpinSlots {
     busy: AtomicUsize,
@@ -58,12 +84,20 @@ pub struct SpinSlots {
 }
 
 /// One taken slot of a [`SpinSlots`]; given back when dropped.
+/// Example: [`SpinSlots`].
 #[derive(Debug)]
 pub struct SpinSlot<'a>(&'a SpinSlots);
 
 impl SpinSlots {
     /// A cap of half the CPUs this process may run on, at least one (read
     /// on first use).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// static MY_POLLERS: transport::spin::SpinSlots = transport::spin::SpinSlots::new();
+    /// assert!(MY_POLLERS.cap() >= 1);
+    /// ```
     pub const fn new() -> SpinSlots {
         SpinSlots {
             busy: AtomicUsize::new(0),
@@ -73,6 +107,7 @@ impl SpinSlots {
     }
 
     /// A cap of as many slots as this process has CPUs (read on first use).
+    /// Example: [`SOCKET_POLLERS`] ([`SHM_POLLERS`] is one).
     pub const fn one_per_cpu() -> SpinSlots {
         SpinSlots {
             busy: AtomicUsize::new(0),
@@ -81,14 +116,14 @@ impl SpinSlots {
         }
     }
 
-    /// A cap of exactly `cap` slots.
+    /// A cap of exactly `cap` slots. Example: [`SpinSlots`].
     pub fn with_cap(cap: usize) -> SpinSlots {
         let s = SpinSlots::new();
         let _ = s.cap.set(cap);
         s
     }
 
-    /// The cap.
+    /// The cap. Examples: [`SpinSlots`], [`SOCKET_POLLERS`].
     pub fn cap(&self) -> usize {
         *self.cap.get_or_init(|| {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -96,12 +131,13 @@ impl SpinSlots {
         })
     }
 
-    /// Slots taken now.
+    /// Slots taken now. Example: [`SpinSlots`].
     pub fn busy(&self) -> usize {
         self.busy.load(Ordering::Relaxed)
     }
 
-    /// A slot, or `None` when `cap` threads already poll.
+    /// A slot, or `None` when `cap` threads already poll. Example:
+    /// [`SpinSlots`].
     pub fn try_take(&self) -> Option<SpinSlot<'_>> {
         let cap = self.cap();
         if self.busy.load(Ordering::Relaxed) >= cap {
@@ -130,6 +166,33 @@ impl Drop for SpinSlot<'_> {
 
 /// One bounded busy-wait. Create it when a wait starts; call
 /// [`Spin::again`] after each poll that found nothing.
+///
+/// # Examples
+///
+/// Waiting for a flag another thread sets: poll for up to 2 ms, then
+/// block.
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use transport::spin::Spin;
+/// let flag = Arc::new(AtomicBool::new(false));
+/// let setter = { let f = flag.clone(); std::thread::spawn(move || f.store(true, Ordering::Release)) };
+/// let mut spin = Spin::new(Duration::from_millis(2), 64);
+/// assert_eq!(spin.granted(), Duration::from_millis(2));
+/// let caught_spinning = loop {
+///     if flag.load(Ordering::Acquire) {
+///         break true;
+///     }
+///     if !spin.again() {
+///         break false; // the budget is spent: block instead (a futex, a blocking read)
+///     }
+/// };
+/// setter.join().unwrap(); // (here the blocking wait is a join)
+/// assert!(flag.load(Ordering::Acquire));
+/// println!("caught while spinning: {caught_spinning}");
+/// ```
 #[derive(Debug)]
 pub struct Spin {
     budget: Duration,
@@ -142,6 +205,14 @@ pub struct Spin {
 impl Spin {
     /// A wait that spins for at most `budget`, reading the clock (and
     /// yielding) every `check_every` polls (at least 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut no_spin = transport::spin::Spin::new(Duration::ZERO, 64);
+    /// assert!(!no_spin.again()); // a zero budget blocks at once
+    /// ```
     pub fn new(budget: Duration, check_every: u32) -> Spin {
         Spin {
             budget,
@@ -158,6 +229,17 @@ impl Spin {
     /// The clock is first read at the first check, so a message that comes
     /// within `check_every` polls costs no clock read; the budget counts
     /// from that first read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut spin = transport::spin::Spin::new(Duration::from_micros(200), 8);
+    /// let mut polls = 0u32;
+    /// while spin.again() && polls < 100_000_000 { polls += 1; } // nothing ever arrives
+    /// assert!(spin.elapsed() >= Duration::from_micros(200));
+    /// assert!(!spin.again()); // spent, from then on
+    /// ```
     pub fn again(&mut self) -> bool {
         if self.spent {
             return false;
@@ -180,22 +262,41 @@ impl Spin {
     /// True right after an [`Spin::again`] that read the clock (every
     /// `check_every` polls): when a caller checks anything slower than a
     /// poll.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut spin = transport::spin::Spin::new(Duration::from_secs(1), 4);
+    /// let checks: Vec<bool> = (0..8).map(|_| { spin.again(); spin.at_check() }).collect();
+    /// assert_eq!(checks, [false, false, false, true, false, false, false, true]);
+    /// ```
     pub fn at_check(&self) -> bool {
         self.polls.is_multiple_of(self.check_every) && self.polls != 0
     }
 
     /// Ends the spin now: the next [`Spin::again`] says block.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut spin = transport::spin::Spin::new(Duration::from_secs(1), 64);
+    /// assert!(spin.again());
+    /// spin.stop(); // e.g. the peer is known to be asleep
+    /// assert!(!spin.again());
+    /// ```
     pub fn stop(&mut self) {
         self.spent = true;
     }
 
-    /// The budget this wait was given.
+    /// The budget this wait was given. Example: [`Spin`].
     pub fn granted(&self) -> Duration {
         self.budget
     }
 
     /// Time since the wait's first clock read (starting the clock now if it
-    /// has not been read yet).
+    /// has not been read yet). Example: [`Spin::again`].
     pub fn elapsed(&mut self) -> Duration {
         let now = Instant::now();
         now - *self.start.get_or_insert(now)
@@ -204,6 +305,27 @@ impl Spin {
 
 /// Whether a connection's next wait should spin, learned from how its
 /// previous waits ended (see the module docs).
+///
+/// # Examples
+///
+/// A connection whose answers keep coming only after the spin gave up
+/// stops spinning, probing now and then:
+///
+/// ```
+/// use std::time::Duration;
+/// use transport::spin::SpinGate;
+/// let mut gate = SpinGate::new(Duration::from_micros(50));
+/// for _ in 0..SpinGate::MISS_LIMIT {
+///     assert_eq!(gate.grant(), Duration::from_micros(50));
+///     gate.record(false); // had to block
+/// }
+/// assert!(!gate.is_open());
+/// let grants: Vec<Duration> = (0..SpinGate::PROBE_EVERY).map(|_| gate.grant()).collect();
+/// assert_eq!(grants.iter().filter(|g| !g.is_zero()).count(), 1); // one probe
+/// gate.record(true); // the probe caught its message: traffic is dense again
+/// assert!(gate.is_open());
+/// assert_eq!(gate.budget(), Duration::from_micros(50));
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct SpinGate {
     budget: Duration,
@@ -213,12 +335,20 @@ pub struct SpinGate {
 
 impl SpinGate {
     /// Consecutive missed spins after which the gate mostly stops spinning.
+    /// Example: [`SpinGate`].
     pub const MISS_LIMIT: u32 = 8;
     /// While closed, one wait in this many still spins, to notice when
-    /// traffic becomes dense again.
+    /// traffic becomes dense again. Example: [`SpinGate`].
     pub const PROBE_EVERY: u32 = 16;
 
     /// A gate that grants `budget` (zero = never spin).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let mut gate = transport::spin::SpinGate::new(std::time::Duration::ZERO);
+    /// assert!(gate.grant().is_zero());
+    /// ```
     pub fn new(budget: Duration) -> SpinGate {
         SpinGate {
             budget,
@@ -227,13 +357,13 @@ impl SpinGate {
         }
     }
 
-    /// The configured budget.
+    /// The configured budget. Example: [`SpinGate`].
     pub fn budget(&self) -> Duration {
         self.budget
     }
 
     /// The budget for the next wait: the configured one, or zero while the
-    /// gate is closed and this is not a probe.
+    /// gate is closed and this is not a probe. Example: [`SpinGate`].
     pub fn grant(&mut self) -> Duration {
         if self.misses < Self::MISS_LIMIT {
             return self.budget;
@@ -248,6 +378,7 @@ impl SpinGate {
 
     /// Records how a wait that was granted a non-zero budget ended: `true`
     /// if the spin caught the message, `false` if the wait had to block.
+    /// Example: [`SpinGate`].
     pub fn record(&mut self, caught: bool) {
         if caught {
             self.misses = 0;
@@ -258,6 +389,7 @@ impl SpinGate {
     }
 
     /// True while the gate grants the full budget on every wait.
+    /// Example: [`SpinGate`].
     pub fn is_open(&self) -> bool {
         self.misses < Self::MISS_LIMIT
     }
