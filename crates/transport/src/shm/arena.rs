@@ -65,6 +65,30 @@ impl Arena {
     /// Maps an arena received from a peer, after checking that it is sealed
     /// against shrinking and growing (so its size is what `fstat` says, now
     /// and later) and, if given, that its size is `expect_len`.
+    ///
+    /// # Examples
+    ///
+    /// The peer's side of an arena handed over a Unix socket:
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use transport::shm::{fdpass, Arena};
+    /// let (agent, client) = UnixStream::pair()?;
+    /// let mine = Arena::create("handed-over", 1 << 16)?;
+    /// fdpass::send_with_fd(&agent, b"arena", mine.fd())?;
+    ///
+    /// let (_, fd) = fdpass::recv_with_fd(&client, &mut [0u8; 16])?;
+    /// let fd = fd.ok_or("an fd came with the message")?;
+    /// let theirs = Arena::open(fd.try_clone()?, Some(1 << 16))?;
+    /// assert_eq!(theirs.len(), mine.len());
+    /// assert!(Arena::open(fd, Some(4096)).is_err()); // not the size agreed
+    ///
+    /// // A memfd without the seals is refused: its size could change under us.
+    /// let unsealed = rustix::fs::memfd_create("unsealed", rustix::fs::MemfdFlags::CLOEXEC)?;
+    /// rustix::fs::ftruncate(&unsealed, 4096)?;
+    /// assert!(Arena::open(unsealed, None).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open(fd: OwnedFd, expect_len: Option<usize>) -> io::Result<Arena> {
         let seals = fcntl_get_seals(&fd)?;
         if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
@@ -99,28 +123,55 @@ impl Arena {
         })
     }
 
-    /// The arena's size in bytes.
+    /// The arena's size in bytes. Example: [`Arena`].
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
-    /// Whether the arena is empty (never: arenas have a size).
+    /// Whether the arena is empty (never: arenas have a size). Example:
+    /// [`Arena::create`].
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
-    /// The memfd, to pass to the peer.
+    /// The memfd, to pass to the peer. Example: [`Arena::open`].
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
     /// Base address of the mapping.
+    ///
+    /// # Examples
+    ///
+    /// Where a tensor placed at an offset lies, for an engine that takes a
+    /// pointer:
+    ///
+    /// ```
+    /// let a = transport::shm::Arena::create("ptr", 1 << 16)?;
+    /// let t = a.bytes(4096..8192);
+    /// assert_eq!(t.as_ptr(), a.as_ptr().wrapping_add(4096).cast_const());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn as_ptr(&self) -> *mut u8 {
         self.map.as_ptr().cast_mut()
     }
 
     /// The bytes of `range`. The peer may change them at any time: treat
     /// them as untrusted input (validate before acting on them).
+    ///
+    /// # Examples
+    ///
+    /// Two mappings of one arena see the same bytes:
+    ///
+    /// ```
+    /// use transport::shm::Arena;
+    /// let a = Arena::create("shared", 4096)?;
+    /// let b = Arena::open(a.fd().try_clone_to_owned()?, None)?; // as the peer maps it
+    /// // SAFETY: nothing else in this process uses bytes 0..5 of `b` meanwhile.
+    /// unsafe { b.bytes_mut(0..5) }.copy_from_slice(b"hello");
+    /// assert_eq!(a.bytes(0..5), b"hello");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
         assert!(
             range.start <= range.end && range.end <= self.len(),
@@ -138,6 +189,8 @@ impl Arena {
     /// Nothing else in this process may access `range` while the returned
     /// slice lives (the caller owns that part of the arena, e.g. an
     /// allocation it made); the peer is expected not to touch it either.
+    ///
+    /// Example: [`Arena::bytes`].
     #[allow(clippy::mut_from_ref)] // exclusivity is the caller's contract (above)
     pub unsafe fn bytes_mut(&self, range: std::ops::Range<usize>) -> &mut [u8] {
         assert!(
@@ -150,6 +203,23 @@ impl Arena {
     }
 
     /// The `AtomicU32` at byte `offset` (must be 4-byte aligned and in bounds).
+    ///
+    /// # Examples
+    ///
+    /// A word both sides of a session see (a sleep flag):
+    ///
+    /// ```
+    /// use std::sync::atomic::Ordering;
+    /// use transport::shm::Arena;
+    /// let a = Arena::create("words", 4096)?;
+    /// let peer = Arena::open(a.fd().try_clone_to_owned()?, None)?;
+    /// a.atomic_u32(64).store(1, Ordering::Release);
+    /// assert_eq!(peer.atomic_u32(64).load(Ordering::Acquire), 1);
+    /// a.atomic_u64(128).store(u64::MAX, Ordering::Release);
+    /// let pair = peer.atomic_u64s(128, 2);
+    /// assert_eq!((pair[0].load(Ordering::Acquire), pair[1].load(Ordering::Acquire)), (u64::MAX, 0));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         assert!(
             offset.is_multiple_of(4) && offset + 4 <= self.len(),
@@ -163,6 +233,7 @@ impl Arena {
 
     /// The `count` consecutive `AtomicU64`s from byte `offset` (8-byte
     /// aligned, in bounds): one bounds check for a whole ring slot.
+    /// Example: [`Arena::atomic_u32`].
     pub fn atomic_u64s(&self, offset: usize, count: usize) -> &[AtomicU64] {
         assert!(
             offset.is_multiple_of(8)
@@ -179,6 +250,7 @@ impl Arena {
     }
 
     /// The `AtomicU64` at byte `offset` (must be 8-byte aligned and in bounds).
+    /// Example: [`Arena::atomic_u32`].
     pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
         assert!(
             offset.is_multiple_of(8) && offset + 8 <= self.len(),

@@ -19,6 +19,32 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 /// Sends `data` with `fd` attached, in one message.
+///
+/// # Examples
+///
+/// Handing an open file to another process over a Unix socket (here both
+/// ends are in one process):
+///
+/// ```
+/// use std::io::{Read, Seek, Write};
+/// use std::os::fd::AsFd;
+/// use std::os::unix::net::UnixStream;
+/// use transport::shm::fdpass::{recv_with_fd, send_with_fd};
+/// let (a, b) = UnixStream::pair()?;
+/// let mut f = tempfile::tempfile()?;
+/// f.write_all(b"passed")?;
+/// send_with_fd(&a, b"here", f.as_fd())?;
+///
+/// let mut buf = [0u8; 16];
+/// let (n, fd) = recv_with_fd(&b, &mut buf)?;
+/// assert_eq!(&buf[..n], b"here");
+/// let mut got = std::fs::File::from(fd.ok_or("an fd came")?);
+/// got.rewind()?; // the same open file: one offset for both
+/// let mut text = String::new();
+/// got.read_to_string(&mut text)?;
+/// assert_eq!(text, "passed");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
     let fds = [fd];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -45,6 +71,24 @@ pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: BorrowedFd<'_>) -> io::R
 
 /// Receives one message into `buf`, with at most one attached fd. Extra fds
 /// (a misbehaving peer) are closed and make this an error.
+///
+/// # Examples
+///
+/// A message without an fd, and the end of the stream:
+///
+/// ```
+/// use std::io::Write;
+/// use std::os::unix::net::UnixStream;
+/// use transport::shm::fdpass::recv_with_fd;
+/// let (mut a, b) = UnixStream::pair()?;
+/// a.write_all(b"plain")?;
+/// drop(a);
+/// let mut buf = [0u8; 16];
+/// let (n, fd) = recv_with_fd(&b, &mut buf)?;
+/// assert_eq!((&buf[..n], fd.is_none()), (&b"plain"[..], true));
+/// assert_eq!(recv_with_fd(&b, &mut buf)?.0, 0); // closed
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn recv_with_fd(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);

@@ -9,6 +9,38 @@ use std::time::Duration;
 /// Sleeps while `*word == expected`, at most `timeout`. Returns early on a
 /// wake, a signal, or if the word already differs (all normal: the caller
 /// re-checks its condition).
+///
+/// # Examples
+///
+/// A sleeper that waits for a word to change, and the thread that changes
+/// it and wakes it:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use transport::shm::futex;
+/// let word = Arc::new(AtomicU32::new(0));
+/// let waker = {
+///     let w = word.clone();
+///     std::thread::spawn(move || -> std::io::Result<()> {
+///         std::thread::sleep(Duration::from_millis(10));
+///         w.store(1, Ordering::Release);
+///         futex::wake(&w, 1)?;
+///         Ok(())
+///     })
+/// };
+/// for _ in 0..1000 { // bounded: each wait ends within 100 ms
+///     if word.load(Ordering::Acquire) != 0 { break; }
+///     futex::wait(&word, 0, Some(Duration::from_millis(100)))?;
+/// }
+/// assert_eq!(word.load(Ordering::Acquire), 1);
+/// waker.join().unwrap()?;
+///
+/// // A word that already differs returns at once:
+/// futex::wait(&word, 0, None)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> io::Result<()> {
     let ts = timeout.map(|t| rustix::time::Timespec {
         tv_sec: t.as_secs() as i64,
@@ -28,6 +60,17 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> io::R
 }
 
 /// Wakes up to `n` sleepers on `word`; returns how many woke.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::atomic::AtomicU32;
+/// let word = AtomicU32::new(0);
+/// assert_eq!(transport::shm::futex::wake(&word, 1)?, 0); // nobody sleeps on it
+/// # Ok::<(), std::io::Error>(())
+/// ```
+///
+/// Waking a sleeper: [`wait`].
 pub fn wake(word: &AtomicU32, n: u32) -> io::Result<usize> {
     Ok(futex::wake(word, futex::Flags::empty(), n)?)
 }
