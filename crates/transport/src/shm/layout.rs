@@ -33,22 +33,79 @@ use crate::shm::Arena;
 use std::sync::atomic::Ordering;
 
 /// First eight bytes of every arena.
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::layout::MAGIC;
+/// use transport::shm::{Arena, Layout};
+/// let l = Layout::new(8, 4096, 4096)?;
+/// let a = Arena::create("magic", l.arena_len)?;
+/// l.write(&a, 0);
+/// assert_eq!(&a.bytes(0..8), b"TWSHM002");
+/// assert_eq!(u64::from_le_bytes(a.bytes(0..8).try_into()?), MAGIC);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TWSHM002");
 
 /// Offset of the header page's `features` word (PROTOCOL §14.3): what the
 /// agent accepts beyond the first release; 0 from older agents.
+///
+/// # Examples
+///
+/// This and [`FEATURE_PULL`]: what a client reads to know whether the
+/// agent pulls inputs:
+///
+/// ```
+/// use std::sync::atomic::Ordering;
+/// use transport::shm::layout::{FEATURES_OFF, FEATURE_PULL};
+/// use transport::shm::{Arena, Layout};
+/// let l = Layout::new(8, 4096, 4096)?;
+/// let a = Arena::create("features", l.arena_len)?;
+/// l.write(&a, FEATURE_PULL);
+/// assert_eq!(a.atomic_u64(FEATURES_OFF).load(Ordering::Acquire), FEATURE_PULL);
+/// assert_ne!(Layout::features(&a) & FEATURE_PULL, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const FEATURES_OFF: usize = 192;
 /// Feature bit: the agent pulls inputs named by address (`flags::PULL`).
+/// Example: [`FEATURES_OFF`].
 pub const FEATURE_PULL: u64 = 1;
 /// Offset of the agent's sleep word.
+///
+/// # Examples
+///
+/// The header page's words of each side (this, [`CLIENT_SLEEP`],
+/// [`AGENT_CPU`], [`CLIENT_CPU`]) are 4-byte words that do not overlap
+/// each other or the layout fields (bytes 0..64):
+///
+/// ```
+/// use transport::shm::layout::{AGENT_CPU, AGENT_SLEEP, CLIENT_CPU, CLIENT_SLEEP, FEATURES_OFF};
+/// use transport::shm::{Arena, SLEEP_FUTEX};
+/// use std::sync::atomic::Ordering;
+/// let mut words = [AGENT_SLEEP, AGENT_CPU, CLIENT_SLEEP, CLIENT_CPU];
+/// words.sort();
+/// assert!(words[0] >= 64 && words.windows(2).all(|w| w[1] >= w[0] + 4) && words[3] + 4 <= FEATURES_OFF);
+/// let a = Arena::create("words", 4096)?;
+/// a.atomic_u32(AGENT_SLEEP).store(SLEEP_FUTEX, Ordering::Release); // "I sleep on my futex"
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const AGENT_SLEEP: usize = 64;
-/// Offset of the client's sleep word.
+/// Offset of the client's sleep word. Example: [`AGENT_SLEEP`].
 pub const CLIENT_SLEEP: usize = 128;
-/// Offset of the agent's spin CPU word.
+/// Offset of the agent's spin CPU word. Example: [`AGENT_SLEEP`].
 pub const AGENT_CPU: usize = 68;
-/// Offset of the client's spin CPU word.
+/// Offset of the client's spin CPU word. Example: [`AGENT_SLEEP`].
 pub const CLIENT_CPU: usize = 132;
 /// Flag of a spin CPU word: this side may run on no other CPU.
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::layout::CPU_PINNED;
+/// let word = 3 | CPU_PINNED; // polling on CPU 3, pinned there
+/// assert_eq!((word & !CPU_PINNED, word & CPU_PINNED != 0), (3, true));
+/// ```
 pub const CPU_PINNED: u32 = 1 << 31;
 const PAGE: usize = 4096;
 
@@ -128,6 +185,22 @@ impl Layout {
     }
 
     /// Writes the header into a fresh arena, with the agent's `features`.
+    ///
+    /// # Examples
+    ///
+    /// The agent writes it; the client reads it back and gets the same
+    /// layout:
+    ///
+    /// ```
+    /// use transport::shm::{Arena, Layout};
+    /// let l = Layout::new(64, 1 << 16, 1 << 16)?;
+    /// let a = Arena::create("layout", l.arena_len)?;
+    /// l.write(&a, 0);
+    /// let peer = Arena::open(a.fd().try_clone_to_owned()?, None)?;
+    /// assert_eq!(Layout::read(&peer)?, l);
+    /// assert_eq!(Layout::features(&peer), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn write(&self, a: &Arena, features: u64) {
         let w = |off: usize, v: u64| a.atomic_u64(off).store(v, Ordering::Relaxed);
         w(8, self.arena_len as u64);
@@ -142,7 +215,8 @@ impl Layout {
     }
 
     /// The agent's `features` word of a checked arena (bits it does not
-    /// know are the client's to ignore).
+    /// know are the client's to ignore). Examples: [`Layout::write`],
+    /// [`FEATURES_OFF`].
     pub fn features(a: &Arena) -> u64 {
         a.atomic_u64(FEATURES_OFF).load(Ordering::Acquire)
     }
@@ -150,6 +224,21 @@ impl Layout {
     /// Reads and checks the header of an arena received from the agent: it
     /// must describe exactly the layout `Layout::new` would make for its
     /// sizes, and fit the arena.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::atomic::Ordering;
+    /// use transport::shm::{Arena, Layout};
+    /// let l = Layout::new(64, 1 << 16, 1 << 16)?;
+    /// let a = Arena::create("checked", l.arena_len)?;
+    /// assert!(Layout::read(&a).is_err()); // no header yet
+    /// l.write(&a, 0);
+    /// a.atomic_u64(40).store(0, Ordering::Release); // a peer moves the data area onto the header
+    /// let e = Layout::read(&a).unwrap_err();
+    /// assert!(e.starts_with("inconsistent arena header"), "{e}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn read(a: &Arena) -> Result<Layout, String> {
         if a.len() < PAGE {
             return Err(format!("arena of {} bytes has no header page", a.len()));

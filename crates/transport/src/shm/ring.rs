@@ -46,9 +46,26 @@ use std::sync::Arc;
 use thiserror::Error;
 
 /// Bytes in one slot: one wire header.
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::SLOT_LEN;
+/// assert_eq!(wire::Header::new(wire::Kind::Ping).encode().len(), SLOT_LEN);
+/// ```
 pub const SLOT_LEN: usize = 64;
 /// Bytes of a message's first slot the message may use: the last word is
 /// the ring's mark.
+///
+/// # Examples
+///
+/// A wire header's reserved last 8 bytes are where the mark goes:
+///
+/// ```
+/// use transport::shm::ring::FIRST_SLOT_USABLE;
+/// let h = wire::Header::new(wire::Kind::Ping).encode();
+/// assert!(h[FIRST_SLOT_USABLE..].iter().all(|&b| b == 0));
+/// ```
 pub const FIRST_SLOT_USABLE: usize = SLOT_LEN - 8;
 const TAIL: usize = 64;
 const SLOTS: usize = 128;
@@ -56,6 +73,22 @@ const SLOTS: usize = 128;
 const MARK: usize = SLOT_LEN / 8 - 1;
 
 /// The peer broke the ring's invariants.
+///
+/// # Examples
+///
+/// A message longer than the ring is refused, on either side:
+///
+/// ```
+/// use std::sync::Arc;
+/// use transport::shm::{Arena, Ring, RingError, SLOT_LEN};
+/// let arena = Arc::new(Arena::create("ring", 4096)?);
+/// let ring = Ring::new(arena, 0, 4)?;
+/// let mut c = ring.consumer();
+/// let mut body = Vec::new();
+/// let e = c.consume(8, 8 * SLOT_LEN, &mut body).unwrap_err();
+/// assert_eq!(e, RingError::TooLong { slots: 9, capacity: 4 });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RingError {
     /// The indices are further apart than the ring holds.
@@ -79,6 +112,34 @@ pub enum RingError {
 }
 
 /// Where a ring lives in an arena.
+///
+/// # Examples
+///
+/// One message with a body, from the producer end to the consumer end
+/// (in a session each end is in its own process, over a shared arena):
+///
+/// ```
+/// use std::sync::Arc;
+/// use transport::shm::{Arena, Ring, SLOT_LEN};
+/// let arena = Arc::new(Arena::create("ring", Ring::bytes_needed(8))?);
+/// let ring = Ring::new(arena, 0, 8)?;
+/// let (mut p, mut c) = (ring.producer(), ring.consumer());
+///
+/// let mut first = [0u8; SLOT_LEN];
+/// first[..5].copy_from_slice(b"hello");
+/// first[8] = 2; // (the slots of its body, as a wire header's desc_len would say)
+/// assert!(p.push_message(&first, &[7u8; 100])?);
+///
+/// assert!(c.ready());
+/// let got = c.peek().ok_or("published")?;
+/// assert_eq!(&got[..5], b"hello");
+/// let mut body = Vec::new();
+/// c.consume(usize::from(got[8]), 100, &mut body)?;
+/// assert_eq!(body, [7u8; 100]);
+/// c.give_back(); // after answering: the slots are free again
+/// assert!(!c.ready());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Ring {
     arena: Arc<Arena>,
@@ -88,12 +149,32 @@ pub struct Ring {
 
 impl Ring {
     /// Bytes a ring of `capacity` slots takes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::shm::{Ring, SLOT_LEN};
+    /// assert_eq!(Ring::bytes_needed(256), 128 + 256 * SLOT_LEN); // tail line, then slots
+    /// ```
     pub const fn bytes_needed(capacity: u32) -> usize {
         SLOTS + capacity as usize * SLOT_LEN
     }
 
     /// A ring of `capacity` slots (a power of two) at `offset` (64-byte
     /// aligned) in `arena`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use transport::shm::{Arena, Ring};
+    /// let arena = Arc::new(Arena::create("rings", 1 << 16)?);
+    /// assert!(Ring::new(arena.clone(), 0, 64).is_ok());
+    /// assert!(Ring::new(arena.clone(), 0, 48).is_err()); // not a power of two
+    /// assert!(Ring::new(arena.clone(), 32, 64).is_err()); // not 64-byte aligned
+    /// assert!(Ring::new(arena, 0, 4096).is_err()); // does not fit
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(arena: Arc<Arena>, offset: usize, capacity: u32) -> Result<Ring, String> {
         if !capacity.is_power_of_two() {
             return Err(format!("ring capacity {capacity} is not a power of two"));
@@ -114,6 +195,7 @@ impl Ring {
     /// The producer end of a fresh ring (exactly one process may use it).
     /// It starts at slot 0 whatever the arena says: a `tail` the peer wrote
     /// before this end existed must not decide where it publishes.
+    /// Example: [`Ring`].
     pub fn producer(&self) -> Producer {
         Producer {
             next: 0,
@@ -125,7 +207,7 @@ impl Ring {
     }
 
     /// The consumer end of a fresh ring (exactly one process may use it),
-    /// at slot 0.
+    /// at slot 0. Example: [`Ring`].
     pub fn consumer(&self) -> Consumer {
         Consumer {
             next: 0,
@@ -160,7 +242,8 @@ fn write_slot(slot: &[AtomicU64], bytes: &[u8]) {
     }
 }
 
-/// Pushes messages; keeps its own count of slots pushed.
+/// Pushes messages; keeps its own count of slots pushed. Examples:
+/// [`Ring`], [`Producer::push`].
 #[derive(Debug)]
 pub struct Producer {
     ring: Ring,
@@ -174,6 +257,22 @@ impl Producer {
     /// Publishes a message of one slot: the first [`FIRST_SLOT_USABLE`]
     /// bytes of `slot` (the rest is the mark); `Ok(false)` when the ring is
     /// full.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use transport::shm::{Arena, Ring, SLOT_LEN};
+    /// let ring = Ring::new(Arc::new(Arena::create("full", 4096)?), 0, 2)?;
+    /// let (mut p, mut c) = (ring.producer(), ring.consumer());
+    /// let slot = [1u8; SLOT_LEN];
+    /// assert!(p.push(&slot)? && p.push(&slot)?);
+    /// assert!(!p.push(&slot)?); // full until the consumer gives slots back
+    /// assert_eq!(c.pop()?.map(|s| s[0]), Some(1));
+    /// assert!(p.push(&slot)?);
+    /// assert_eq!(p.capacity(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn push(&mut self, slot: &[u8; SLOT_LEN]) -> Result<bool, RingError> {
         self.push_message(slot, &[])
     }
@@ -182,7 +281,7 @@ impl Producer {
     /// bytes; a wire header's last 8 bytes are reserved zero) and `body`
     /// zero-padded to whole slots after it; `Ok(false)` when they do not fit
     /// now. The consumer sees all of it or nothing. More slots than the ring
-    /// holds never fit.
+    /// holds never fit. Example: [`Ring`].
     pub fn push_message(&mut self, first: &[u8; SLOT_LEN], body: &[u8]) -> Result<bool, RingError> {
         let r = &self.ring;
         let n = 1 + body.len().div_ceil(SLOT_LEN) as u64;
@@ -214,13 +313,13 @@ impl Producer {
         Ok(true)
     }
 
-    /// Slots the ring holds.
+    /// Slots the ring holds. Example: [`Producer::push`].
     pub fn capacity(&self) -> u32 {
         self.ring.capacity
     }
 }
 
-/// Takes messages; keeps its own tail.
+/// Takes messages; keeps its own tail. Example: [`Ring`].
 #[derive(Debug)]
 pub struct Consumer {
     ring: Ring,
@@ -231,7 +330,7 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Whether the next message is published.
+    /// Whether the next message is published. Example: [`Ring`].
     pub fn ready(&self) -> bool {
         let r = &self.ring;
         r.slot(self.next)[MARK].load(Ordering::Acquire) == self.next.wrapping_add(1)
@@ -239,6 +338,7 @@ impl Consumer {
 
     /// A copy of the next message's first slot, if it is published (its
     /// mark bytes zeroed). It stays in the ring until [`consume`](Self::consume).
+    /// Example: [`Ring`].
     pub fn peek(&self) -> Option<[u8; SLOT_LEN]> {
         if !self.ready() {
             return None;
@@ -254,6 +354,7 @@ impl Consumer {
     /// Consumes the peeked message with a body of `body_slots` slots, whose
     /// first `body_len` bytes are appended to `body`. Its slots go back to
     /// the producer at the next [`give_back`](Self::give_back).
+    /// Examples: [`Ring`], [`RingError`].
     pub fn consume(
         &mut self,
         body_slots: usize,
@@ -281,7 +382,7 @@ impl Consumer {
 
     /// Gives every slot consumed so far back to the producer: clears their
     /// marks (see the module docs), then publishes `tail`. Cheap when there
-    /// is nothing to give back.
+    /// is nothing to give back. Example: [`Ring`].
     pub fn give_back(&mut self) {
         if self.given == self.next {
             return;
@@ -297,7 +398,7 @@ impl Consumer {
     }
 
     /// Takes the next message if it is published and has no body, and
-    /// gives its slot back at once.
+    /// gives its slot back at once. Example: [`Producer::push`].
     pub fn pop(&mut self) -> Result<Option<[u8; SLOT_LEN]>, RingError> {
         let Some(first) = self.peek() else {
             return Ok(None);
