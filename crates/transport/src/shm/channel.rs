@@ -97,9 +97,49 @@ pub enum ShmError {
 }
 
 /// Sleep-word value of a side that sleeps on the futex (PROTOCOL §14.9).
+///
+/// # Examples
+///
+/// The client sees the agent fall asleep in its word, and its next
+/// message wakes it:
+///
+/// ```
+/// use std::sync::atomic::Ordering;
+/// use std::time::Duration;
+/// use transport::shm::layout::AGENT_SLEEP;
+/// use transport::shm::{WaitPolicy, SLEEP_FUTEX};
+/// use wire::{Header, Kind};
+/// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+/// #     let dir = tempfile::tempdir()?;
+/// #     let path = dir.path().join("c.sock");
+/// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+/// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+/// #     let t = std::time::Duration::from_secs(5);
+/// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+/// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+/// #     });
+/// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+/// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+/// # }
+/// let (mut agent, mut client, limits) = session()?;
+/// let arena = client.arena().clone();
+/// let waiter = std::thread::spawn(move || {
+///     let quick = WaitPolicy { spin: Duration::from_micros(10), ..WaitPolicy::AGENT };
+///     agent.recv(&limits, quick, Some(Duration::from_secs(10))).map(|(h, _)| h.kind)
+/// });
+/// for _ in 0..10_000 { // bounded: ~10 s at most
+///     if arena.atomic_u32(AGENT_SLEEP).load(Ordering::Acquire) == SLEEP_FUTEX { break; }
+///     std::thread::sleep(Duration::from_millis(1));
+/// }
+/// assert_eq!(arena.atomic_u32(AGENT_SLEEP).load(Ordering::Acquire), SLEEP_FUTEX);
+/// client.send(&Header::new(Kind::Ping), &[])?; // sees the word, wakes the futex
+/// assert_eq!(waiter.join().map_err(|_| "agent panicked")??, Kind::Ping);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const SLEEP_FUTEX: u32 = 1;
 /// Sleep-word value of a side that waits on its control socket instead of
 /// the futex: a sender wakes it by writing one byte there (PROTOCOL §14.9).
+/// Example: [`ShmChannel::recv_or_park`].
 pub const SLEEP_PARKED: u32 = 2;
 
 /// Sizes of a session's arena (the agent decides them).
@@ -219,12 +259,24 @@ pub struct WaitPolicy {
 
 impl WaitPolicy {
     /// The agent's default: spin 50 µs, check liveness every 250 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::shm::WaitPolicy;
+    /// assert_eq!((WaitPolicy::AGENT.spin, WaitPolicy::CLIENT.spin), (Duration::from_micros(50), Duration::from_micros(200)));
+    /// // `serve --shm-spin-us 0`: sleep at once
+    /// let idle_friendly = WaitPolicy { spin: Duration::ZERO, ..WaitPolicy::AGENT };
+    /// assert!(idle_friendly.step_off);
+    /// ```
     pub const AGENT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(50),
         slice: Duration::from_millis(250),
         step_off: true,
     };
     /// The client's default: spin 200 µs, check liveness every 20 ms.
+    /// Example: [`WaitPolicy::AGENT`].
     pub const CLIENT: WaitPolicy = WaitPolicy {
         spin: Duration::from_micros(200),
         slice: Duration::from_millis(20),
@@ -372,7 +424,7 @@ fn read_message(sock: &mut UnixStream, first: &[u8]) -> Result<(Header, Vec<u8>)
 impl ShmChannel {
     /// Agent side: answers the Hello on a freshly accepted control socket,
     /// creates the session's arena and hands it over. Returns the channel and
-    /// the limits in force.
+    /// the limits in force. Example: [`ShmChannel`].
     pub fn accept(
         mut sock: UnixStream,
         agent_limits: &Limits,
@@ -389,6 +441,36 @@ impl ShmChannel {
     /// blocking (so that a client sending it slowly holds no thread):
     /// `hello` is the whole message as read (header and body), and the
     /// rest is [`ShmChannel::accept`]'s. Writes are bounded by `timeout`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::io::Read;
+    /// use std::os::unix::net::UnixListener;
+    /// use std::time::Duration;
+    /// use transport::shm::{ShmChannel, ShmSizes};
+    /// use wire::{Header, Limits, HEADER_LEN};
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("c.sock");
+    /// let listener = UnixListener::bind(&path)?;
+    /// let t = Duration::from_secs(5);
+    /// let agent = std::thread::spawn(move || -> Result<Limits, Box<dyn std::error::Error + Send + Sync>> {
+    ///     let (mut sock, _) = listener.accept()?;
+    ///     // (A server reads these bytes as they come, holding no thread.)
+    ///     let mut hello = vec![0u8; HEADER_LEN];
+    ///     sock.read_exact(&mut hello)?;
+    ///     let h = Header::decode(&hello)?;
+    ///     hello.resize(HEADER_LEN + h.desc_len as usize, 0);
+    ///     sock.read_exact(&mut hello[HEADER_LEN..])?;
+    ///     let sizes = ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..ShmSizes::default() };
+    ///     Ok(ShmChannel::accept_hello(sock, &hello, &Limits::default(), sizes, t)?.1)
+    /// });
+    /// let asked = Limits { max_in_flight: 4, ..Limits::default() };
+    /// let (_client, limits) = ShmChannel::connect(&path, &asked, None, 1, t)?;
+    /// assert_eq!(limits.max_in_flight, 4);
+    /// assert_eq!(agent.join().map_err(|_| "agent panicked")?.map_err(|e| e.to_string())?, limits);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn accept_hello(
         sock: UnixStream,
         hello: &[u8],
@@ -472,6 +554,8 @@ impl ShmChannel {
     /// asking for `asked` (with `token`, the bearer token naming the
     /// client's tenant, if it has one), and maps the arena the agent sends
     /// back.
+    ///
+    /// Example: [`ShmChannel`]; an agent that is not there: [`ShmError`].
     pub fn connect(
         path: &Path,
         asked: &Limits,
@@ -485,6 +569,28 @@ impl ShmChannel {
     /// [`connect`](ShmChannel::connect), the Hello marked
     /// `wire::HELLO_ANONYMOUS` when `anonymous` (a relay speaking for a
     /// client it could not identify).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixListener;
+    /// use std::time::Duration;
+    /// use transport::shm::{ShmChannel, ShmSizes};
+    /// use wire::Limits;
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("c.sock");
+    /// let listener = UnixListener::bind(&path)?;
+    /// let t = Duration::from_secs(5);
+    /// let agent = std::thread::spawn(move || -> Result<(), transport::shm::ShmError> {
+    ///     let sizes = ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..ShmSizes::default() };
+    ///     ShmChannel::accept(listener.accept()?.0, &Limits::default(), sizes, t).map(drop)
+    /// });
+    /// // A gateway relaying a client it could not identify:
+    /// let (ch, _) = ShmChannel::connect_as(&path, &Limits::default(), None, true, 1, t)?;
+    /// assert_eq!(ch.layout().client_len, 1 << 20);
+    /// agent.join().map_err(|_| "agent panicked")??;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect_as(
         path: &Path,
         asked: &Limits,
@@ -563,11 +669,38 @@ impl ShmChannel {
     }
 
     /// The session's arena.
+    ///
+    /// # Examples
+    ///
+    /// Both sides map the same memory:
+    ///
+    /// ```
+    /// use std::sync::atomic::Ordering;
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (agent, client, _) = session()?;
+    /// let data = client.layout().data_off; // the client's region starts here
+    /// client.arena().atomic_u64(data).store(42, Ordering::Release);
+    /// assert_eq!(agent.arena().atomic_u64(data).load(Ordering::Acquire), 42);
+    /// assert_eq!(agent.arena().len(), agent.layout().arena_len);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn arena(&self) -> &Arc<Arena> {
         &self.arena
     }
 
-    /// Where everything lives in it.
+    /// Where everything lives in it. Examples: [`ShmChannel`],
+    /// [`ShmChannel::arena`].
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
@@ -653,12 +786,35 @@ impl ShmChannel {
     }
 
     /// How many times this side moved off its peer's CPU.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (_agent, client, _) = session()?;
+    /// assert!(client.cpu_moves() <= transport::cpu::moves_total());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cpu_moves(&self) -> u64 {
         self.step.moves()
     }
 
     /// Publishes one message (header + descriptor section); `Ok(false)` when
     /// the ring has no room for it now. Wakes the peer if it sleeps.
+    ///
+    /// Example: [`ShmChannel`]; a message with a descriptor section:
+    /// [`ShmChannel::try_recv`].
     pub fn send(&mut self, header: &Header, desc: &[u8]) -> Result<bool, ShmError> {
         if header.desc_len as usize != desc.len() {
             return Err(ShmError::Bootstrap(
@@ -706,6 +862,33 @@ impl ShmChannel {
 
     /// Takes the next message if one is there. Its header is checked
     /// against `limits` before its descriptor slots are read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Header, Kind};
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (mut agent, mut client, limits) = session()?;
+    /// assert!(agent.try_recv(&limits)?.is_none()); // nothing yet: no waiting
+    /// let body = wire::encode_hello(&limits);
+    /// let mut h = Header::new(Kind::ModelList);
+    /// h.desc_len = body.len() as u32;
+    /// assert!(client.send(&h, &body)?);
+    /// let (got, desc) = agent.try_recv(&limits)?.ok_or("sent")?;
+    /// assert_eq!((got.kind, desc), (Kind::ModelList, body));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_recv(&mut self, limits: &Limits) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
         // What the last receive took is answered by now (or never will be
         // by this call's caller): its slots go back first.
@@ -729,6 +912,29 @@ impl ShmChannel {
     /// already there or comes within them costs no clock read (a
     /// `clock_gettime` is ~20 ns here, a fifth of the raw hand-off); the
     /// spin budget and `limit` count from that first read.
+    ///
+    /// Example: [`ShmChannel`]; giving up:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::shm::{ShmError, WaitPolicy};
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (mut agent, _client, limits) = session()?;
+    /// let r = agent.recv(&limits, WaitPolicy::AGENT, Some(Duration::from_millis(20)));
+    /// assert!(matches!(r, Err(ShmError::TimedOut)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv(
         &mut self,
         limits: &Limits,
@@ -751,6 +957,45 @@ impl ShmChannel {
     /// `slot` is the polling slot the caller took for this wait (see
     /// [`crate::spin::SpinSlots`]), if any: it is given back as soon as the
     /// wait stops polling, not held through the sleep.
+    ///
+    /// # Examples
+    ///
+    /// An agent session that parks after 1 ms, waits for its control
+    /// socket, and takes the message that woke it:
+    ///
+    /// ```
+    /// use rustix::event::{poll, PollFd, PollFlags};
+    /// use std::sync::atomic::Ordering;
+    /// use std::time::Duration;
+    /// use transport::shm::layout::AGENT_SLEEP;
+    /// use transport::shm::{WaitPolicy, SLEEP_PARKED};
+    /// use wire::{Header, Kind};
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (mut agent, mut client, limits) = session()?;
+    /// let parked = agent.recv_or_park(&limits, WaitPolicy::AGENT, Duration::from_millis(1), None)?;
+    /// assert!(parked.is_none());
+    /// assert_eq!(client.arena().atomic_u32(AGENT_SLEEP).load(Ordering::Acquire), SLEEP_PARKED);
+    ///
+    /// client.send(&Header::new(Kind::Ping), &[])?; // writes the wake-up byte
+    /// let mut fds = [PollFd::new(agent.control(), PollFlags::IN)];
+    /// let five_s = rustix::time::Timespec { tv_sec: 5, tv_nsec: 0 };
+    /// assert_eq!(poll(&mut fds, Some(&five_s))?, 1); // (an agent's epoll does this)
+    /// agent.unpark()?;
+    /// let (h, _) = agent.try_recv(&limits)?.ok_or("the message that woke it")?;
+    /// assert_eq!(h.kind, Kind::Ping);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_or_park(
         &mut self,
         limits: &Limits,
@@ -764,6 +1009,30 @@ impl ShmChannel {
     /// After [`ShmChannel::recv_or_park`] parked and the control socket
     /// became readable: takes the wake-up bytes off it and marks this side
     /// awake. `PeerGone` when the socket was closed instead.
+    ///
+    /// Example: [`ShmChannel::recv_or_park`]; the peer gone instead:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::shm::{ShmError, WaitPolicy};
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (mut agent, client, limits) = session()?;
+    /// assert!(agent.recv_or_park(&limits, WaitPolicy::AGENT, Duration::from_millis(1), None)?.is_none());
+    /// drop(client); // the client process ends
+    /// assert!(matches!(agent.unpark(), Err(ShmError::PeerGone)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn unpark(&mut self) -> Result<(), ShmError> {
         use rustix::net::{recv, RecvFlags};
         self.my_sleep().store(0, Ordering::SeqCst);
@@ -862,6 +1131,28 @@ impl ShmChannel {
     /// process exited or was killed). A signal landing in the poll is not
     /// the peer's death: even a zero-timeout poll(2) returns `EINTR` when a
     /// signal is pending and no fd is ready, so it is retried.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (agent, client, _) = session()?;
+    /// assert!(agent.peer_alive());
+    /// client.close();
+    /// assert!(!agent.peer_alive());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn peer_alive(&self) -> bool {
         let mut fds = [PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP)];
         let zero = rustix::time::Timespec {
@@ -896,6 +1187,7 @@ impl ShmChannel {
     }
 
     /// Closes the control socket: the peer sees this side as gone.
+    /// Example: [`ShmChannel::peer_alive`].
     pub fn close(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
@@ -904,6 +1196,27 @@ impl ShmChannel {
 impl ShmChannel {
     /// The control socket (a parked side waits on it; the agent asks it
     /// who the client is).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+    /// #     let dir = tempfile::tempdir()?;
+    /// #     let path = dir.path().join("c.sock");
+    /// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+    /// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+    /// #     let t = std::time::Duration::from_secs(5);
+    /// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+    /// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+    /// #     });
+    /// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+    /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+    /// # }
+    /// let (agent, _client, _) = session()?;
+    /// let who = transport::Credentials::of_unix(agent.control())?;
+    /// assert_eq!(who.pid, std::process::id() as i32); // the client is this process
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn control(&self) -> &UnixStream {
         &self.sock
     }
