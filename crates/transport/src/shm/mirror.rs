@@ -46,12 +46,55 @@ const MAX_ALIGN: usize = 4096;
 ///
 /// Cloning is cheap (an `Arc` inside); every clone and every span keeps the
 /// mapping alive.
+///
+/// # Examples
+///
+/// Three requests' rows staged back to back, then handed to an engine as
+/// one batch, without a copy, even though the batch wraps past the end:
+///
+/// ```
+/// use transport::shm::TensorRing;
+/// let ring = TensorRing::new("doc-queue", 4096)?;
+/// let cap = ring.capacity();
+/// // Earlier requests moved the head near the end, so this batch wraps.
+/// let earlier = ring.alloc(cap - 100, 1).ok_or("room")?;
+/// let mut row = |fill: u8| -> Result<_, &str> {
+///     let mut span = ring.alloc(64, 1).ok_or("room")?;
+///     span.bytes_mut().fill(fill);
+///     Ok(span)
+/// };
+/// let first = row(1)?;
+/// drop(earlier); // answered: its bytes are free for the next rows
+/// let rows = [first, row(2)?, row(3)?];
+/// assert!(rows[1].offset() + rows[1].len() > cap); // this one wraps
+/// let batch = ring.joined(&rows.iter().collect::<Vec<_>>()).ok_or("back to back")?;
+/// assert_eq!(batch.len(), 192);
+/// assert!(batch[..64].iter().all(|&b| b == 1) && batch[128..].iter().all(|&b| b == 3));
+/// assert_eq!(ring.used(), 192);
+/// drop(rows); // the batch ran: the bytes are free again
+/// assert_eq!(ring.used(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct TensorRing {
     inner: Arc<Inner>,
 }
 
 /// `len` bytes of a ring owned exclusively until dropped; dropping releases them. Not Clone.
+///
+/// # Examples
+///
+/// ```
+/// use transport::shm::TensorRing;
+/// let ring = TensorRing::new("doc-span", 4096)?;
+/// let mut span = ring.alloc(10, 8).ok_or("room")?;
+/// span.bytes_mut().copy_from_slice(b"0123456789");
+/// assert_eq!((span.len(), span.offset(), span.bytes()), (10, 0, &b"0123456789"[..]));
+/// let next = ring.alloc(4, 8).ok_or("room")?;
+/// assert_eq!(next.offset(), 16); // rounded up to the alignment
+/// assert!(ring.alloc(0, 1).ok_or("room")?.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct RingSpan {
     /// Keeps the mapping alive while the span's bytes are reachable, and
     /// names the ring for [`TensorRing::joined`].
@@ -104,6 +147,17 @@ struct Entry {
 
 impl TensorRing {
     /// A ring of at least `min_capacity` bytes (rounded up to a multiple of the page size; error if 0 or absurdly large, > 1<<40). `name` shows in /proc (memfd name).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use transport::shm::TensorRing;
+    /// let ring = TensorRing::new("model-input-0", 5000)?;
+    /// assert_eq!(ring.capacity() % 4096, 0);
+    /// assert!(ring.capacity() >= 5000);
+    /// assert!(TensorRing::new("empty", 0).is_err());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn new(name: &str, min_capacity: usize) -> io::Result<TensorRing> {
         if min_capacity == 0 || min_capacity > MAX_CAPACITY {
             return Err(io::Error::new(
@@ -174,7 +228,8 @@ impl TensorRing {
         })
     }
 
-    /// The ring's size in bytes (a multiple of the page size).
+    /// The ring's size in bytes (a multiple of the page size). Example:
+    /// [`TensorRing`].
     pub fn capacity(&self) -> usize {
         self.inner.capacity
     }
@@ -182,11 +237,35 @@ impl TensorRing {
     /// Bytes held by live spans plus the padding/gaps between them (what is not free).
     ///
     /// This includes released spans that still wait behind an older live one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let ring = transport::shm::TensorRing::new("doc-used", 4096)?;
+    /// let (a, b) = (ring.alloc(100, 1).ok_or("room")?, ring.alloc(100, 1).ok_or("room")?);
+    /// drop(b); // released, but behind a live span
+    /// assert_eq!(ring.used(), 200);
+    /// drop(a);
+    /// assert_eq!(ring.used(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn used(&self) -> usize {
         self.inner.lock().used
     }
 
     /// Takes `len` bytes at the ring's head, the start rounded up to `align` (a power of two, 1..=4096; else None), or None when that much is not free now (never blocks). len == 0 gives an empty span (it may still be "joined"). len > capacity → None.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let ring = transport::shm::TensorRing::new("doc-alloc", 4096)?;
+    /// let all = ring.alloc(ring.capacity(), 64).ok_or("room")?;
+    /// assert!(ring.alloc(1, 1).is_none()); // full: never waits
+    /// drop(all);
+    /// assert!(ring.alloc(1, 3).is_none()); // not a power of two
+    /// assert!(ring.alloc(ring.capacity() + 1, 1).is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn alloc(&self, len: usize, align: usize) -> Option<RingSpan> {
         let capacity = self.inner.capacity;
         if !align.is_power_of_two() || align > MAX_ALIGN || len > capacity {
@@ -221,6 +300,20 @@ impl TensorRing {
     }
 
     /// If `spans` (all from this ring, non-empty list) lie back to back in this order — each starts exactly where the previous one ends, modulo the capacity — the bytes from the first span's start through the last's end as one slice (through the second mapping when it wraps). None otherwise (gaps, other order, other ring).
+    ///
+    /// # Examples
+    ///
+    /// Example of a batch: [`TensorRing`]. Spans with a gap between them
+    /// are not one slice:
+    ///
+    /// ```
+    /// let ring = transport::shm::TensorRing::new("doc-joined", 4096)?;
+    /// let a = ring.alloc(10, 1).ok_or("room")?;
+    /// let b = ring.alloc(10, 64).ok_or("room")?; // starts at 64, not 10
+    /// assert!(ring.joined(&[&a, &b]).is_none());
+    /// assert_eq!(ring.joined(&[&a]).map(<[u8]>::len), Some(10));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn joined<'a>(&'a self, spans: &[&'a RingSpan]) -> Option<&'a [u8]> {
         let capacity = self.inner.capacity;
         let first = spans.first()?;
@@ -301,22 +394,24 @@ impl Inner {
 }
 
 impl RingSpan {
-    /// The span's length in bytes.
+    /// The span's length in bytes. Example: [`RingSpan`].
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether the span holds no bytes.
+    /// Whether the span holds no bytes. Example: [`RingSpan`].
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// Offset of its first byte in the ring, 0..capacity.
+    /// Offset of its first byte in the ring, 0..capacity. Example:
+    /// [`RingSpan`].
     pub fn offset(&self) -> usize {
         self.start
     }
 
     /// The span's bytes (through the second mapping where it wraps).
+    /// Examples: [`RingSpan`], [`TensorRing`].
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: start < capacity and len ≤ capacity, so the range lies in
         // the 2×capacity mapping, kept alive by `self.ring`. No other span
@@ -327,6 +422,7 @@ impl RingSpan {
     }
 
     /// The span's bytes, writable (through the second mapping where it wraps).
+    /// Examples: [`RingSpan`], [`TensorRing`].
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: in bounds and alive as for `bytes`. Exclusive: the ring
         // hands each byte to one live span only, the span is borrowed
