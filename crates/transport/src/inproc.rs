@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use wire::{Header, PooledBuf};
 
 /// One message handed to an in-process service.
+///
+/// Example: [`InprocService`].
 #[derive(Debug)]
 pub struct InprocRequest<'a> {
     /// The message header (as it would be on the wire).
@@ -23,6 +25,8 @@ pub struct InprocRequest<'a> {
 }
 
 /// A service's reply.
+///
+/// Example: [`InprocService`].
 #[derive(Debug)]
 pub struct InprocReply {
     /// The reply header.
@@ -34,6 +38,35 @@ pub struct InprocReply {
 }
 
 /// Something that answers in-process messages (the agent implements it).
+///
+/// # Examples
+///
+/// A service that echoes its tensors, reached by name and called on the
+/// caller's thread:
+///
+/// ```
+/// use std::sync::Arc;
+/// use transport::inproc::{lookup, register, InprocReply, InprocRequest, InprocService};
+/// use wire::{AlignedBuf, Header, Kind};
+/// struct Echo;
+/// impl InprocService for Echo {
+///     fn call(&self, req: InprocRequest<'_>) -> InprocReply {
+///         let mut header = req.header;
+///         header.kind = Kind::Response;
+///         InprocReply {
+///             header,
+///             desc: req.desc.to_vec(),
+///             tensors: req.tensors.iter().map(|t| AlignedBuf::copy_from(t).map(Into::into)).collect::<Result<_, _>>().unwrap_or_default(),
+///         }
+///     }
+/// }
+/// let _reg = register("doc-echo", Arc::new(Echo))?;
+/// let svc = lookup("doc-echo").ok_or("registered")?;
+/// let reply = svc.call(InprocRequest { header: Header::new(Kind::Request), desc: &[], tensors: &[b"abc"] });
+/// assert_eq!(reply.header.kind, Kind::Response);
+/// assert_eq!(&*reply.tensors[0], b"abc");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait InprocService: Send + Sync {
     /// Handles one message on the caller's thread and returns the reply.
     fn call(&self, req: InprocRequest<'_>) -> InprocReply;
@@ -47,6 +80,8 @@ fn registry() -> &'static Registry {
 }
 
 /// Keeps a service registered; dropping it unregisters the name.
+///
+/// Example: [`register`].
 pub struct Registration {
     name: String,
 }
@@ -66,6 +101,32 @@ impl Drop for Registration {
 }
 
 /// Registers `service` as `inproc://name`. Fails if the name is taken.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use transport::inproc::{lookup, register, InprocReply, InprocRequest, InprocService};
+/// use wire::{AlignedBuf, Header, Kind};
+/// struct Echo;
+/// impl InprocService for Echo {
+///     fn call(&self, req: InprocRequest<'_>) -> InprocReply {
+///         let mut header = req.header;
+///         header.kind = Kind::Response;
+///         InprocReply {
+///             header,
+///             desc: req.desc.to_vec(),
+///             tensors: req.tensors.iter().map(|t| AlignedBuf::copy_from(t).map(Into::into)).collect::<Result<_, _>>().unwrap_or_default(),
+///         }
+///     }
+/// }
+/// let reg = register("doc-once", Arc::new(Echo))?;
+/// assert!(register("doc-once", Arc::new(Echo)).is_err()); // taken
+/// drop(reg); // unregistered
+/// assert!(lookup("doc-once").is_none());
+/// assert!(register("doc-once", Arc::new(Echo)).is_ok());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn register(name: &str, service: Arc<dyn InprocService>) -> Result<Registration, String> {
     let mut r = registry()
         .lock()
@@ -80,6 +141,32 @@ pub fn register(name: &str, service: Arc<dyn InprocService>) -> Result<Registrat
 }
 
 /// The service registered as `inproc://name`, if any.
+///
+/// # Examples
+///
+/// (An embedded agent listening on `inproc://NAME` registers itself so.)
+///
+/// ```
+/// use std::sync::Arc;
+/// use transport::inproc::{lookup, register, InprocReply, InprocRequest, InprocService};
+/// use wire::{AlignedBuf, Header, Kind};
+/// struct Echo;
+/// impl InprocService for Echo {
+///     fn call(&self, req: InprocRequest<'_>) -> InprocReply {
+///         let mut header = req.header;
+///         header.kind = Kind::Response;
+///         InprocReply {
+///             header,
+///             desc: req.desc.to_vec(),
+///             tensors: req.tensors.iter().map(|t| AlignedBuf::copy_from(t).map(Into::into)).collect::<Result<_, _>>().unwrap_or_default(),
+///         }
+///     }
+/// }
+/// let _reg = register("doc-lookup", Arc::new(Echo))?;
+/// assert!(lookup("doc-lookup").is_some());
+/// assert!(lookup("nobody").is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn lookup(name: &str) -> Option<Arc<dyn InprocService>> {
     registry().lock().ok()?.get(name).cloned()
 }

@@ -49,6 +49,29 @@ use wire::{align_up, Header, Limits, WireError, HEADER_LEN, MAGIC};
 
 /// Size of the staging buffer a header is read into (payload bytes that
 /// arrive with the header are moved out of it).
+///
+/// # Examples
+///
+/// A header and a descriptor section that fit it are read in one
+/// `recv`; a payload that arrives with them is moved out to where the
+/// receiver wants it:
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use transport::{StreamConn, STAGING_LEN};
+/// use wire::{Header, Kind, Limits, HEADER_LEN};
+/// let (a, b) = UnixStream::pair()?;
+/// let (a, mut b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+/// let small = vec![3u8; STAGING_LEN - HEADER_LEN];
+/// let mut h = Header::new(Kind::Request);
+/// h.payload_len = small.len() as u64;
+/// a.send(&h, &[], &[&small])?;
+/// let (got, _) = b.recv_head(&Limits::default())?;
+/// let mut dest = vec![0u8; got.payload_len as usize];
+/// b.recv_payload(&mut dest)?;
+/// assert_eq!(dest, small);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const STAGING_LEN: usize = 8192;
 
 static ZEROS: [u8; 64] = [0; 64];
