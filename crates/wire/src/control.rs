@@ -28,8 +28,24 @@ use crate::limits::Limits;
 use crate::tensor::MAX_DIMS;
 
 /// Longest model or tensor name, in bytes.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_model_name, MAX_NAME_LEN};
+/// assert!(decode_model_name("m".repeat(MAX_NAME_LEN).as_bytes()).is_ok());
+/// assert!(decode_model_name("m".repeat(MAX_NAME_LEN + 1).as_bytes()).is_err());
+/// ```
 pub const MAX_NAME_LEN: usize = 255;
 /// Longest error message, in bytes.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_error_body, encode_error_body, MAX_ERROR_MESSAGE};
+/// assert_eq!(encode_error_body(&"e".repeat(MAX_ERROR_MESSAGE + 10)).len(), MAX_ERROR_MESSAGE);
+/// assert!(decode_error_body(&vec![b'e'; MAX_ERROR_MESSAGE + 1]).is_err());
+/// ```
 pub const MAX_ERROR_MESSAGE: usize = 4096;
 /// Most inputs or outputs a signature may list.
 const MAX_SPECS: usize = 1024;
@@ -38,6 +54,8 @@ const MAX_SPECS: usize = 1024;
 pub type HelloBody = Limits;
 
 /// Longest bearer token a Hello may carry, in bytes.
+///
+/// Example: [`check_token`].
 pub const MAX_TOKEN_LEN: usize = 1024;
 
 /// What a client says in its Hello: the limits it asks for, and the bearer
@@ -71,6 +89,16 @@ pub struct Hello<'a> {
 /// by its token only, never by the relaying process's credentials (its
 /// uid over `unix://` or `shm://`): a tokenless relayed session is the
 /// `default` tenant's, as a tokenless tcp client's is.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_hello_request, encode_hello_as, Limits, HELLO_ANONYMOUS};
+/// let body = encode_hello_as(&Limits::default(), None, true);
+/// assert_eq!(body[22], HELLO_ANONYMOUS);
+/// assert!(decode_hello_request(&body)?.anonymous);
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub const HELLO_ANONYMOUS: u8 = 1;
 
 impl std::fmt::Debug for Hello<'_> {

@@ -46,6 +46,14 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in wire-code order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::DType;
+    /// assert_eq!(DType::ALL.len(), 13);
+    /// assert!(DType::ALL.iter().all(|d| d.size() >= 1));
+    /// ```
     pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,

@@ -23,10 +23,25 @@ use crate::error::{need, Status, WireError};
 use crate::limits::Limits;
 
 /// Length of the header in bytes.
+///
+/// # Examples
+///
+/// This, [`MAGIC`] and [`VERSION`]: what every message starts with.
+///
+/// ```
+/// use wire::{Header, Kind, HEADER_LEN, MAGIC, VERSION};
+/// let bytes = Header::new(Kind::Ping).encode();
+/// assert_eq!(bytes.len(), HEADER_LEN);
+/// assert_eq!(bytes[..4], MAGIC);
+/// assert_eq!(u16::from_le_bytes([bytes[4], bytes[5]]), VERSION);
+/// let mut other = bytes;
+/// other[..4].copy_from_slice(b"HTTP"); // a peer speaking another protocol
+/// assert!(Header::decode(&other).is_err());
+/// ```
 pub const HEADER_LEN: usize = 64;
-/// The first four bytes of every message.
+/// The first four bytes of every message. Example: [`HEADER_LEN`].
 pub const MAGIC: [u8; 4] = *b"TWIR";
-/// The protocol version this crate speaks.
+/// The protocol version this crate speaks. Example: [`HEADER_LEN`].
 pub const VERSION: u16 = 1;
 
 /// Header flag bits.
@@ -44,16 +59,32 @@ pub const VERSION: u16 = 1;
 /// ```
 pub mod flags {
     /// Request: the client asks for the agent's timeline in the response.
+    /// Example: [the module](self).
     pub const WANT_TIMELINE: u8 = 1 << 0;
     /// Response: a 64-byte timeline follows the tensor descriptors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{decode_tensor_section, encode_tensor_section, flags, Header, Kind, Timeline};
+    /// let mut desc = Vec::new();
+    /// encode_tensor_section(&[], Some(&Timeline::from_stamps([1, 2, 3, 4, 5, 6])), &mut desc);
+    /// let mut h = Header::new(Kind::Response);
+    /// h.flags |= flags::HAS_TIMELINE;
+    /// h.desc_len = desc.len() as u32;
+    /// let section = decode_tensor_section(&h, &desc)?;
+    /// assert_eq!(section.timeline.map(|t| t.stamps[5]), Some(6));
+    /// # Ok::<(), wire::WireError>(())
+    /// ```
     pub const HAS_TIMELINE: u8 = 1 << 1;
     /// Request, shared memory only (PROTOCOL §14.6, "Pulled inputs"): the
     /// descriptor section ends with one u64 per tensor, the address of its
     /// bytes in the client's own memory (0: already in place), and the
     /// agent pulls them into the tensor's slot with `process_vm_readv`.
     /// Sent only to an agent whose arena header advertises it.
+    /// Example: [the module](self) (it is one of the [`KNOWN`] flags).
     pub const PULL: u8 = 1 << 2;
-    /// All flag bits version 1 defines.
+    /// All flag bits version 1 defines. Example: [the module](self).
     pub const KNOWN: u8 = WANT_TIMELINE | HAS_TIMELINE | PULL;
 }
 

@@ -20,10 +20,45 @@ use crate::header::{flags, Header};
 use crate::timeline::{Timeline, TIMELINE_LEN};
 
 /// Alignment of every tensor's offset in the payload.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{layout_payload, PAYLOAD_ALIGN};
+/// let (offsets, total) = layout_payload([10, 100, 1]).ok_or("fits")?;
+/// assert!(offsets.iter().all(|o| o % PAYLOAD_ALIGN == 0));
+/// assert_eq!((offsets, total), (vec![0, 64, 192], 193));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub const PAYLOAD_ALIGN: u64 = 64;
 /// Most dimensions a tensor may have.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{decode_tensor_section, encode_tensor_section, DType, Header, Kind, TensorDesc, MAX_DIMS};
+/// let section = |dims: usize| {
+///     let t = TensorDesc { dtype: DType::U8, shape: vec![1; dims], offset: 0, len: 1 };
+///     let mut desc = Vec::new();
+///     encode_tensor_section(&[t], None, &mut desc);
+///     let mut h = Header::new(Kind::Request);
+///     (h.tensor_count, h.desc_len, h.payload_len) = (1, desc.len() as u32, 1);
+///     decode_tensor_section(&h, &desc).map(|s| s.tensors.len())
+/// };
+/// assert_eq!(section(MAX_DIMS)?, 1);
+/// assert!(section(MAX_DIMS + 1).is_err());
+/// # Ok::<(), wire::WireError>(())
+/// ```
 pub const MAX_DIMS: usize = 8;
 /// Bytes of a descriptor before its dims.
+///
+/// # Examples
+///
+/// ```
+/// use wire::{DType, TensorDesc, DESC_FIXED_LEN};
+/// let t = TensorDesc { dtype: DType::F32, shape: vec![1, 3, 224, 224], offset: 0, len: 602_112 };
+/// assert_eq!(t.encoded_len(), DESC_FIXED_LEN + 4 * 8); // then one u64 per dim
+/// ```
 pub const DESC_FIXED_LEN: usize = 24;
 
 /// Rounds `n` up to a multiple of [`PAYLOAD_ALIGN`]; `None` on overflow.

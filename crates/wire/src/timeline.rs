@@ -9,6 +9,15 @@ use crate::error::{need, WireError};
 
 /// Bytes a timeline takes on the wire: 8 little-endian u64 stamps, the last
 /// two reserved (zero).
+///
+/// # Examples
+///
+/// ```
+/// use wire::{Timeline, TIMELINE_LEN};
+/// let bytes = Timeline::from_stamps([1, 2, 3, 4, 5, 6]).encode();
+/// assert_eq!(bytes.len(), TIMELINE_LEN);
+/// assert!(bytes[48..].iter().all(|&b| b == 0)); // the reserved stamps
+/// ```
 pub const TIMELINE_LEN: usize = 64;
 
 /// The stages the agent stamps, in order.
@@ -40,6 +49,15 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use wire::{Stage, Timeline};
+    /// let tl = Timeline::from_stamps([10, 20, 30, 40, 50, 60]);
+    /// let stamps: Vec<u64> = Stage::ALL.iter().map(|&s| tl.get(s)).collect();
+    /// assert_eq!(stamps, [10, 20, 30, 40, 50, 60]);
+    /// ```
     pub const ALL: [Stage; 6] = [
         Stage::Received,
         Stage::PayloadInPlace,
