@@ -31,6 +31,41 @@
 //! The targets (tensorwire over each transport and front door, the
 //! in-process baseline, the raw floors, the gRPC and ttrpc peers), workloads and suites that tie these
 //! together are in [`target`], [`workload`] and [`suite`].
+//!
+//! # Examples
+//!
+//! The smallest real measurement: tensorwire over `inproc://` (an agent
+//! embedded in this process) calling the identity model with 1 KiB, two
+//! closed-loop clients, 500 timed requests:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tensorwire_bench::load::{self, Bounds, Load};
+//! use tensorwire_bench::target::{self, BenchEnv, Framework, Net, TargetSpec};
+//! use tensorwire_bench::workload::Workload;
+//! use tensorwire_bench::Stage;
+//! let env = BenchEnv {
+//!     exe: "tensorwire".into(), // runs child agents and peers; an inproc target needs none
+//!     intra_threads: 1,
+//!     stages: true, // ask for every request's timeline
+//!     placement: None,
+//!     spin: None,
+//!     mover: None,
+//! };
+//! let spec = TargetSpec::new(Framework::Tensorwire, Net::Inproc);
+//! let running = target::start(&spec, &Workload::Identity { bytes: 1024 }, &env)?;
+//! let factory = running.factory.clone().ok_or("a tensorwire target has callers")?;
+//!
+//! let bounds = Bounds { warmup: 20, duration: None, requests: Some(500) };
+//! let r = load::run(&*factory, &Load::Closed { clients: 2 }, &bounds)?;
+//! assert_eq!((r.completed, r.errors), (500, 0));
+//! assert_eq!(r.latency.count(), 500);
+//! assert!(r.latency.percentile_us(50.0) <= r.latency.percentile_us(99.0));
+//! assert!(r.stages.get(Stage::Compute).is_some_and(|h| h.count() > 0));
+//! println!("{}: p50 {:.1} µs, {:.0} req/s", spec.label(), r.latency.percentile_us(50.0), r.throughput_rps);
+//! running.stop()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod batching;
 pub mod calibrate;
