@@ -25,6 +25,52 @@
 //! words), [`kills`] (clients killed at a chosen stage of their request),
 //! [`budget`] (the payload budget against real bytes, and its control
 //! run), [`soak`] (the long mixed load), [`report`] (the files).
+//!
+//! # Examples
+//!
+//! One round of the hostile-bytes scenario, small: every fixed hostile
+//! message of the `unix` door (each corruption and truncation of a valid
+//! request) on its own connection, a watched client served beside them.
+//! ([`run`] does this at volume against a `tensorwire serve` child; here
+//! the agent runs in-process.)
+//!
+//! ```
+//! use std::time::Duration;
+//! use torture::listeners::{attack_once, Door, Outcome, Target};
+//! use torture::observer::{Observer, Phase};
+//! let digits = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/build/digits_mlp.onnx");
+//! let cfg = torture::Config::new("tensorwire".into(), digits.into(), true); // `torture --quick`
+//! assert!(cfg.transports.iter().any(|t| t == "unix"));
+//!
+//! let dir = tempfile::tempdir()?;
+//! let uri = format!("unix://{}", dir.path().join("agent.sock").display());
+//! let mut agent_cfg = server::AgentConfig::default();
+//! agent_cfg.add_listen(&uri)?;
+//! agent_cfg.models.push(server::ModelConfig::new("digits", &cfg.digits));
+//! let agent = server::Agent::start(agent_cfg)?;
+//! let identity = agent.core().registry.find("identity").ok_or("served")?.id;
+//!
+//! let observer = Observer::start(&uri); // calls identity and digits, checking every answer
+//! std::thread::sleep(cfg.phase / 5);
+//! observer.mark(Phase::During);
+//! let target = Target::new(&uri)?;
+//! let shots = Door::parse("unix").ok_or("a socket door")?.fixed_shots(identity);
+//! let hung: Vec<&str> = shots
+//!     .iter()
+//!     .filter(|s| attack_once(&target, s) == Outcome::Hung)
+//!     .map(|s| s.name.as_str())
+//!     .collect();
+//! observer.mark(Phase::After);
+//! std::thread::sleep(cfg.phase / 5);
+//! let [before, during, after] = observer.finish();
+//!
+//! assert!(shots.len() > 10);
+//! assert!(hung.is_empty(), "left hanging: {hung:?}"); // each answered or closed
+//! assert_eq!(before.errors + during.errors + after.errors, 0, "{:?}", during.first_errors);
+//! assert!(!during.latencies_ns.is_empty() && !after.latencies_ns.is_empty());
+//! agent.shutdown(Duration::from_secs(5));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod agent;
 pub mod budget;
