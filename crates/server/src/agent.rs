@@ -91,7 +91,13 @@ pub enum AgentError {
 /// c.model("identity")?.infer(&[client::TensorRef::from_slice(&[16], &x)?])?;
 /// let s = agent.stats();
 /// assert_eq!((s.connections, s.accepted, s.responses), (1, 1, 1));
-/// assert_eq!(s.in_flight, 0);
+/// // The request stays in flight until its answer has left the agent,
+/// // which may be a moment after the client has it:
+/// for _ in 0..1000 {
+///     if agent.stats().in_flight == 0 { break; }
+///     std::thread::sleep(std::time::Duration::from_millis(1));
+/// }
+/// assert_eq!(agent.stats().in_flight, 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
