@@ -97,6 +97,9 @@ pub const RESERVE_STEP: u64 = 1 << 20;
 
 /// A message to send back: header, descriptor section (or control body),
 /// and, for responses, the outputs whose bytes form the payload.
+///
+/// Examples: [`AgentCore`] (a response and its payload),
+/// [`AgentCore::hello`], [`AgentCore::control`].
 #[derive(Debug)]
 pub struct Reply {
     /// The reply header (desc_len, tensor_count, payload_len filled in).
@@ -109,6 +112,14 @@ pub struct Reply {
 
 impl Reply {
     /// A control reply of `kind` with `body`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::dispatch::Reply;
+    /// let r = Reply::control(wire::Kind::Pong, 7, 0, Vec::new());
+    /// assert_eq!((r.header.kind, r.header.request_id, r.header.desc_len), (wire::Kind::Pong, 7, 0));
+    /// ```
     pub fn control(kind: Kind, request_id: u64, model_id: u32, body: Vec<u8>) -> Reply {
         let mut header = Header::new(kind);
         header.request_id = request_id;
@@ -122,19 +133,34 @@ impl Reply {
     }
 
     /// An Error reply.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::dispatch::Reply;
+    /// use wire::Status;
+    /// let r = Reply::error(7, Status::Overloaded, "busy");
+    /// assert_eq!(r.header.status, Status::Overloaded);
+    /// assert_eq!(wire::decode_error_body(&r.desc)?, "busy");
+    /// # Ok::<(), wire::WireError>(())
+    /// ```
     pub fn error(request_id: u64, status: Status, message: &str) -> Reply {
         let mut r = Reply::control(Kind::Error, request_id, 0, encode_error_body(message));
         r.header.status = status;
         r
     }
 
-    /// The payload slices of this reply, resolving outputs that alias inputs.
+    /// The payload slices of this reply, resolving outputs that alias
+    /// inputs. Example: [`AgentCore`].
     pub fn payload<'a>(&'a self, inputs: &[TensorView<'a>]) -> Vec<&'a [u8]> {
         self.outputs.iter().map(|o| o.bytes(inputs)).collect()
     }
 }
 
 /// A request that passed every check that does not need its payload.
+///
+/// Examples: [`AgentCore`] (prepare → views → execute), [`RESERVE_STEP`]
+/// (a streamed payload's budget).
 #[derive(Debug)]
 pub struct Prepared<'a> {
     /// The model it is for (held: a model unloaded meanwhile finishes
@@ -162,6 +188,7 @@ impl<'a> Prepared<'a> {
     /// [`AgentCore::prepare_streamed`], before it reads them). False when
     /// the budget has no room left: the caller skips the rest of the
     /// payload and refuses the request ([`AgentCore::over_budget`]).
+    /// Example: [`RESERVE_STEP`].
     pub fn reserve_through(&self, end: u64) -> bool {
         let held = &self._in_flight.reserved;
         let have = held.load(Ordering::Relaxed);
@@ -180,12 +207,29 @@ impl<'a> Prepared<'a> {
     }
 
     /// The request's tenant (none without a tenants file, or in-process).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::dispatch::AgentCore;
+    /// # use wire::{encode_tensor_section, DType, Header, TensorDesc};
+    /// # let t = TensorDesc { dtype: DType::U8, shape: vec![4], offset: 0, len: 4 };
+    /// # let mut desc = Vec::new();
+    /// # encode_tensor_section(&[t], None, &mut desc);
+    /// # let mut h = Header::new(wire::Kind::Request);
+    /// # (h.tensor_count, h.desc_len, h.payload_len) = (1, desc.len() as u32, 4);
+    /// let core = AgentCore::new(server::ModelRegistry::with_identity(), wire::Limits::default(), 1 << 20);
+    /// let p = core.prepare(&h, &desc, &core.limits).map_err(|r| format!("{:?}", r.header.status))?;
+    /// assert!(p.tenant().is_none()); // no tenants file
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn tenant(&self) -> Option<&Arc<Tenant>> {
         self.ticket.as_ref().map(|t| &t.tenant)
     }
 
     /// Views over a contiguous payload laid out as the descriptors say
     /// (bounds were checked against `payload_len` in `prepare`).
+    /// Example: [`AgentCore`].
     pub fn views<'p>(&'p self, payload: &'p [u8]) -> Vec<TensorView<'p>> {
         self.tensors
             .iter()
@@ -293,6 +337,8 @@ pub struct Counters {
 /// What one session may do: the limits in force (agreed in its Hello) and
 /// its seat among the agent's tenants (none when the agent has no tenants
 /// file, or for in-process callers).
+///
+/// Examples: [`AgentCore::grant`], [`AgentCore::hello`].
 #[derive(Debug)]
 pub struct Grant {
     /// The limits in force.
@@ -718,6 +764,27 @@ impl AgentCore {
     /// Answers the Hello of a session of `who`: its [`Grant`] (the limits
     /// in force and its tenant) and the HelloAck; or the Error refusing it
     /// (a token no tenant lists, a tenant's session quota).
+    ///
+    /// # Examples
+    ///
+    /// A front end's first message of a session:
+    ///
+    /// ```
+    /// use server::tenants::Identity;
+    /// use wire::{decode_hello, encode_hello, Header, Kind, Limits};
+    /// let agent = server::Agent::start(server::AgentConfig::default())?;
+    /// let body = encode_hello(&Limits { max_in_flight: 2, ..Limits::default() });
+    /// let mut h = Header::new(Kind::Hello);
+    /// h.desc_len = body.len() as u32;
+    /// let (grant, ack) = agent.core().hello(&h, &body, &Identity::REMOTE).map_err(|r| format!("{:?}", r.header.status))?;
+    /// assert_eq!(ack.header.kind, Kind::HelloAck);
+    /// assert_eq!(decode_hello(&ack.desc)?, grant.limits);
+    /// assert_eq!(grant.limits.max_in_flight, 2);
+    /// // Anything else first is refused:
+    /// let refused = agent.core().hello(&Header::new(Kind::Ping), &[], &Identity::REMOTE).err().ok_or("refused")?;
+    /// assert_eq!(refused.header.kind, Kind::Error);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn hello(&self, h: &Header, body: &[u8], who: &Identity) -> Result<(Grant, Reply), Reply> {
         if h.kind != Kind::Hello {
             return Err(self.fail(Reply::error(
@@ -748,6 +815,24 @@ impl AgentCore {
     /// Answers a control message (anything but Hello and Request) on a
     /// session with `grant`: it lists and looks up only the models its
     /// tenant may use.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::dispatch::Grant;
+    /// use wire::{decode_model_list, Header, Kind};
+    /// let agent = server::Agent::start(server::AgentConfig::default())?;
+    /// let core = agent.core();
+    /// let grant = Grant::open(core.limits);
+    /// let mut ping = Header::new(Kind::Ping);
+    /// ping.request_id = 3;
+    /// let pong = core.control(&ping, &[], &grant);
+    /// assert_eq!((pong.header.kind, pong.header.request_id), (Kind::Pong, 3));
+    /// let list = core.control(&Header::new(Kind::ListModels), &[], &grant);
+    /// let models = decode_model_list(&list.desc)?;
+    /// assert!(models.iter().any(|(_, sig)| sig.name == "identity"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn control(&self, h: &Header, body: &[u8], grant: &Grant) -> Reply {
         let limits = &grant.limits;
         if matches!(h.kind, Kind::Ping | Kind::ListModels) && !body.is_empty() {
@@ -855,6 +940,14 @@ impl AgentCore {
 
     /// The refusal of request `id` (a `len`-byte payload) for want of
     /// payload budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let core = server::dispatch::AgentCore::new(server::ModelRegistry::with_identity(), wire::Limits::default(), 1 << 20);
+    /// let r = core.over_budget(9, 1 << 30);
+    /// assert_eq!((r.header.request_id, r.header.status), (9, wire::Status::LimitExceeded));
+    /// ```
     pub fn over_budget(&self, id: u64, len: u64) -> Reply {
         Reply::error(
             id,
@@ -869,7 +962,8 @@ impl AgentCore {
     /// Checks a request before its payload is read: shutdown, model id,
     /// descriptors, and the tensors against the model's signature. (Counted
     /// in the model's statistics as [`Via::Other`], untimed: transports use
-    /// [`prepare_via`](AgentCore::prepare_via).)
+    /// [`prepare_via`](AgentCore::prepare_via).) Examples: [`AgentCore`],
+    /// [`AgentCore::close_and_drain`] (refused while closing).
     pub fn prepare(&self, h: &Header, desc: &[u8], limits: &Limits) -> Result<Prepared<'_>, Reply> {
         self.prepare_in(h, desc, limits, Placement::Payload)
     }
@@ -1055,7 +1149,7 @@ impl AgentCore {
 
     /// Runs a prepared request on `inputs` through its model's queue and
     /// builds the response (or the error), with the outputs laid out as a
-    /// payload (stream transports; in-process).
+    /// payload (stream transports; in-process). Example: [`AgentCore`].
     pub fn execute(&self, p: &Prepared<'_>, inputs: &[TensorView<'_>], tl: &mut Timeline) -> Reply {
         let outputs = match self.run(p, inputs, tl) {
             Ok(o) => o,

@@ -414,6 +414,8 @@ impl std::error::Error for Refused {}
 /// operations, not two lock round trips. As soon as one request has to
 /// wait, every later one goes through the lock and the policy's order; the
 /// fast path opens again when nobody waits.
+///
+/// Examples: [`QueuePolicy`], [`Refused`], [`ModelQueue::run`].
 #[derive(Debug)]
 pub struct ModelQueue {
     /// Runs in progress (low 32 bits) and requests waiting (high 32 bits).

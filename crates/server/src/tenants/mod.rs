@@ -774,6 +774,8 @@ fn build(specs: Vec<TenantSpec>, usage: &Mutex<HashMap<String, Arc<Usage>>>) -> 
 /// One session's place among the tenants: its tenant (looked up again
 /// after a reload), the last model it was allowed, and its count in the
 /// tenant's `max_connections` (given back when the seat drops).
+///
+/// Examples: [`Tenants::seat`], [`Seat::admit`].
 #[derive(Debug)]
 pub struct Seat {
     tenants: Arc<Tenants>,
