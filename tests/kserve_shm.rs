@@ -2,8 +2,9 @@
 //! with the agent's core in this process so its copy counters can be read:
 //! an ONNX Runtime output in shared memory is written there by the engine
 //! (counted in place, nothing copied), an identity output is copied there
-//! once (counted), inputs are read where they are, and an output that
-//! stays inline moves nothing into shared memory.
+//! once (counted, by the agent's data mover, within the model's
+//! `compute_output` stage), inputs are read where they are, and an output
+//! that stays inline moves nothing into shared memory.
 
 use common::{digits_expected, digits_input, digits_model};
 use frontend::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
@@ -22,6 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::Channel;
+use transport::mover::Mover;
 use wire::Limits;
 
 /// A POSIX shared-memory object (`/dev/shm/<name>`), removed when dropped.
@@ -189,7 +191,13 @@ fn outputs_are_written_in_place_or_copied_once_and_counted() {
     close(&logits(&r.raw_output_contents[0]));
     assert_eq!(snapshot(), before);
 
-    // identity: 1 MiB read from "hi", copied once into "lo" at 1 MiB.
+    // identity: 1 MiB read from "hi", copied once into "lo" at 1 MiB, by
+    // the data mover, before the response (inside compute_output).
+    let moved = || {
+        let s = server::movers().stats();
+        Mover::ALL.iter().map(|&m| s.bytes_of(m)).sum::<u64>()
+    };
+    let moved_before = moved();
     let before = snapshot();
     infer(ModelInferRequest {
         model_name: "identity".into(),
@@ -200,6 +208,7 @@ fn outputs_are_written_in_place_or_copied_once_and_counted() {
     .expect("identity in shared memory");
     assert!(obj.read(mib, mib as usize) == pattern, "the output's bytes");
     assert_eq!(snapshot(), (before.0, before.1 + mib), "copied once");
+    assert!(moved() >= moved_before + mib, "by the data mover");
 
     // An output that does not fit its place is refused before the run,
     // and moves nothing.

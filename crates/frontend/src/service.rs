@@ -21,7 +21,7 @@
 //! an empty entry in `raw_output_contents`.
 
 use crate::access::{self, check_model, check_operator, grpc_authorization};
-use crate::datatype::{dtype_from_kserve, kserve_datatype};
+use crate::datatype::kserve_datatype;
 use crate::door::{run_request, FrontDoor};
 use crate::inputs::{gather, order_by_signature, Input};
 use crate::model_control;
@@ -50,6 +50,7 @@ use engine::{OutputData, TensorView};
 use server::dispatch::{AgentCore, Grant, Prepared, Reply};
 use server::tenants::Seat;
 use server::{ModelEntry, Via};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -771,7 +772,7 @@ pub(crate) fn infer_over_core(
     if let Some(planned) = &planned {
         for (w, dest) in wanted.iter().zip(&dests) {
             if let (Some(dest), Some(p)) = (dest, planned.iter().find(|p| p.name == w.name)) {
-                fits(dest, &w.name, p.dtype, &p.shape, p.len)?;
+                fits(dest, &w.name, p.dtype, &p.shape, p.len).map_err(Status::invalid_argument)?;
             }
         }
     }
@@ -780,13 +781,22 @@ pub(crate) fn infer_over_core(
             run_in_place(core, &prep, &views, planned, wanted, &mut dests, &mut tl)?
         }
         _ => {
-            let reply = core.execute(&prep, &views, &mut tl);
+            // Outputs wanted in shared memory are copied there before the
+            // response is built, inside the request's compute_output stage.
+            let mut copied = 0u64;
+            let reply = core.execute_placing(&prep, &views, &mut tl, |produced| {
+                copied = place_copies(produced, &views, sig, &inputs, wanted, &mut dests)?;
+                Ok(())
+            });
             if reply.header.kind == Kind::Error {
                 return Err(error_status(&reply));
             }
+            core.counters
+                .shm_output_bytes_copied
+                .fetch_add(copied, Ordering::Relaxed);
             let outputs = engine_outputs(reply.outputs, sig, &inputs)?;
             let picked = pick(outputs, wanted, sig)?;
-            place_copies(core, picked, wanted, &mut dests)?
+            mark_placed(picked, &dests)
         }
     };
     drop(views);
@@ -836,16 +846,16 @@ fn planned_outputs(model: &ModelEntry, inputs: &[Input]) -> Option<Vec<Planned>>
 
 /// Refuses an output of `len` bytes that does not fit its place in shared
 /// memory.
-fn fits(dest: &ShmOutput, name: &str, dtype: DType, shape: &[u64], len: u64) -> Result<(), Status> {
+fn fits(dest: &ShmOutput, name: &str, dtype: DType, shape: &[u64], len: u64) -> Result<(), String> {
     if len > dest.capacity() as u64 {
-        return Err(Status::invalid_argument(format!(
+        return Err(format!(
             "output '{name}' is {} bytes ({}{shape:?}), more than the {} bytes its \
              shared_memory_byte_size gives it in shared memory region '{}'",
             len,
             kserve_datatype(dtype),
             dest.capacity(),
             dest.region()
-        )));
+        ));
     }
     Ok(())
 }
@@ -967,6 +977,24 @@ fn run_in_place(
     Ok(outputs)
 }
 
+/// The name of the engine's output `i`: the signature's, else (an output
+/// aliasing an input of a model that declares none: identity) that
+/// input's, else `OUTPUT<i>`.
+fn output_name<'a>(
+    i: usize,
+    out: &engine::Output,
+    sig: &'a wire::ModelSignature,
+    inputs: &'a [Input],
+) -> Cow<'a, str> {
+    if let Some(s) = sig.outputs.get(i) {
+        return Cow::Borrowed(&s.name);
+    }
+    match out.data {
+        OutputData::Input(j) if j < inputs.len() => Cow::Borrowed(&inputs[j].name),
+        _ => Cow::Owned(format!("OUTPUT{i}")),
+    }
+}
+
 /// The engine's outputs, named, their bytes handed over without a copy
 /// (an output aliasing an input is that input's bytes).
 fn engine_outputs(
@@ -976,20 +1004,15 @@ fn engine_outputs(
 ) -> Result<Vec<Output>, Status> {
     let mut outputs = Vec::with_capacity(produced.len());
     for (i, out) in produced.into_iter().enumerate() {
-        let (name, bytes) = match out.data {
+        let name = output_name(i, &out, sig, inputs).into_owned();
+        let bytes = match out.data {
             OutputData::Input(j) => {
                 let input: &Input = inputs.get(j).ok_or_else(|| {
                     Status::internal(format!("output {i} aliases missing input {j}"))
                 })?;
-                let name = sig.outputs.get(i).map_or(&input.name, |s| &s.name);
-                (name.clone(), input.data.clone())
+                input.data.clone()
             }
-            OutputData::Owned(buf) => (
-                sig.outputs
-                    .get(i)
-                    .map_or_else(|| format!("OUTPUT{i}"), |s| s.name.clone()),
-                Bytes::from_owner(OwnedOutput(buf)),
-            ),
+            OutputData::Owned(buf) => Bytes::from_owner(OwnedOutput(buf)),
         };
         outputs.push(Output {
             name,
@@ -1024,39 +1047,53 @@ fn pick(
     Ok(picked)
 }
 
-/// Copies the outputs that go to shared memory into their places (once
-/// each, counted), leaving the others as they are.
+/// Copies the engine's outputs that go to shared memory into their places
+/// (once each, with the agent's data mover: streaming stores for large
+/// outputs where `tensorwire calibrate` found them faster) and returns the
+/// bytes copied; an output that does not fit its place is refused. Runs
+/// inside [`AgentCore::execute_placing`], before the response is built.
 fn place_copies(
-    core: &AgentCore,
-    mut outputs: Vec<Output>,
+    produced: &[engine::Output],
+    views: &[TensorView<'_>],
+    sig: &wire::ModelSignature,
+    inputs: &[Input],
     wanted: &[Requested],
     dests: &mut [Option<ShmOutput>],
-) -> Result<Vec<Output>, Status> {
-    if dests.iter().all(Option::is_none) {
-        return Ok(outputs);
-    }
+) -> Result<u64, String> {
     let mut copied = 0u64;
-    for ((o, w), dest) in outputs.iter_mut().zip(wanted).zip(dests.iter_mut()) {
+    for (w, dest) in wanted.iter().zip(dests.iter_mut()) {
         let Some(dest) = dest else { continue };
-        let len = o.data.len();
-        if len > dest.capacity() {
-            let dtype = dtype_from_kserve(o.datatype).unwrap_or(DType::U8);
-            let shape: Vec<u64> = o.shape.iter().map(|&d| d.unsigned_abs()).collect();
-            fits(dest, &w.name, dtype, &shape, len as u64)?;
-        }
-        dest.as_mut_slice()[..len].copy_from_slice(&o.data);
-        copied += len as u64;
-        o.shm = Some(Placed {
-            region: dest.region().to_string(),
-            offset: dest.offset(),
-            byte_size: len as u64,
-        });
-        o.data = Bytes::new();
+        // An output the model does not have is refused by `pick`, after.
+        let Some(out) = produced
+            .iter()
+            .enumerate()
+            .find(|(i, o)| output_name(*i, o, sig, inputs) == w.name.as_str())
+            .map(|(_, o)| o)
+        else {
+            continue;
+        };
+        let bytes = out.bytes(views);
+        fits(dest, &w.name, out.dtype, &out.shape, bytes.len() as u64)?;
+        server::movers().move_bytes(&mut dest.as_mut_slice()[..bytes.len()], bytes);
+        copied += bytes.len() as u64;
     }
-    core.counters
-        .shm_output_bytes_copied
-        .fetch_add(copied, Ordering::Relaxed);
-    Ok(outputs)
+    Ok(copied)
+}
+
+/// Marks the outputs copied into shared memory by [`place_copies`]: each
+/// says where it is and carries no bytes in the response.
+fn mark_placed(mut outputs: Vec<Output>, dests: &[Option<ShmOutput>]) -> Vec<Output> {
+    for (o, dest) in outputs.iter_mut().zip(dests) {
+        if let Some(dest) = dest {
+            o.shm = Some(Placed {
+                region: dest.region().to_string(),
+                offset: dest.offset(),
+                byte_size: o.data.len() as u64,
+            });
+            o.data = Bytes::new();
+        }
+    }
+    outputs
 }
 
 /// Output `i`'s dimensions as KServe's `int64`s.

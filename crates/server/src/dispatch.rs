@@ -1151,6 +1151,63 @@ impl AgentCore {
     /// builds the response (or the error), with the outputs laid out as a
     /// payload (stream transports; in-process). Example: [`AgentCore`].
     pub fn execute(&self, p: &Prepared<'_>, inputs: &[TensorView<'_>], tl: &mut Timeline) -> Reply {
+        self.execute_placing(p, inputs, tl, |_| Ok(()))
+    }
+
+    /// [`execute`](AgentCore::execute), with `place` given the checked
+    /// outputs before the response is built: a front door copies the ones
+    /// its caller wants elsewhere (Triton's shared-memory regions) there,
+    /// so the copy counts in the request's `compute_output` stage as a
+    /// native shm session's copy into its arena does. An `Err(message)`
+    /// from `place` fails the request as invalid input (an output that does
+    /// not fit where the caller wants it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::{Agent, AgentConfig};
+    /// use wire::Kind;
+    /// # use wire::{encode_tensor_section, DType, Header, TensorDesc};
+    /// # fn request(id: u64, model_id: u32, len: u64) -> (Header, Vec<u8>) {
+    /// #     let t = TensorDesc { dtype: DType::U8, shape: vec![len], offset: 0, len };
+    /// #     let mut desc = Vec::new();
+    /// #     encode_tensor_section(&[t], None, &mut desc);
+    /// #     let mut h = Header::new(wire::Kind::Request);
+    /// #     (h.request_id, h.model_id, h.tensor_count) = (id, model_id, 1);
+    /// #     (h.desc_len, h.payload_len) = (desc.len() as u32, len);
+    /// #     (h, desc)
+    /// # }
+    /// let agent = Agent::start(AgentConfig::default())?;
+    /// let core = agent.core();
+    /// let model = core.registry.find("identity").ok_or("identity is always served")?;
+    /// let payload = [1u8, 2, 3, 4];
+    /// let mut elsewhere = [0u8; 4]; // where the caller wants the output
+    ///
+    /// let (h, desc) = request(7, model.id, 4);
+    /// let p = core.prepare(&h, &desc, &core.limits).map_err(|r| format!("{:?}", r.header.status))?;
+    /// let inputs = p.views(&payload);
+    /// let mut tl = core.timeline(&h);
+    /// let reply = core.execute_placing(&p, &inputs, &mut tl, |outputs| {
+    ///     elsewhere.copy_from_slice(outputs[0].bytes(&inputs));
+    ///     Ok(())
+    /// });
+    /// assert_eq!((reply.header.kind, elsewhere), (Kind::Response, payload));
+    ///
+    /// // A place that cannot take the output fails the request.
+    /// let (h, desc) = request(8, model.id, 4);
+    /// let p = core.prepare(&h, &desc, &core.limits).map_err(|r| format!("{:?}", r.header.status))?;
+    /// let inputs = p.views(&payload);
+    /// let reply = core.execute_placing(&p, &inputs, &mut tl, |_| Err("no room".into()));
+    /// assert_eq!((reply.header.kind, reply.header.status), (Kind::Error, wire::Status::InvalidInput));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn execute_placing(
+        &self,
+        p: &Prepared<'_>,
+        inputs: &[TensorView<'_>],
+        tl: &mut Timeline,
+        place: impl FnOnce(&[Output]) -> Result<(), String>,
+    ) -> Reply {
         let outputs = match self.run(p, inputs, tl) {
             Ok(o) => o,
             Err(e) => return e,
@@ -1159,6 +1216,9 @@ impl AgentCore {
             Ok(l) => l,
             Err(e) => return e,
         };
+        if let Err(m) = place(&outputs) {
+            return self.fail(Reply::error(p.request_id, Status::InvalidInput, &m));
+        }
         let Some((offsets, payload_len)) = layout_payload(lens.iter().copied()) else {
             return self.fail(Reply::error(
                 p.request_id,
@@ -1646,6 +1706,76 @@ mod tests {
         assert!(f.fail.ns > 0, "a failure is timed from its arrival");
         assert_eq!(f.by_via[Via::Unix as usize], 1);
         assert_eq!(f.in_flight, 0);
+    }
+
+    #[test]
+    fn a_placed_output_is_timed_in_compute_output_and_a_refused_place_fails() {
+        let core = core_with_failing(true);
+        let (h, d) = request(8);
+        let payload = [7u8; 8];
+        let nap = Duration::from_millis(20);
+        let mut tl = core.timeline(&h);
+        tl.stamp(Stage::Received);
+        let p = core
+            .prepare_via(
+                Via::Grpc,
+                &h,
+                &d,
+                &Grant::open(core.limits),
+                Placement::Payload,
+                &tl,
+            )
+            .expect("admitted");
+        let views = p.views(&payload);
+        let mut placed = Vec::new();
+        let reply = core.execute_placing(&p, &views, &mut tl, |outputs| {
+            std::thread::sleep(nap); // a copy that takes a while
+            placed.extend_from_slice(outputs[0].bytes(&views));
+            Ok(())
+        });
+        assert_eq!(
+            (reply.header.kind, placed),
+            (Kind::Response, payload.to_vec())
+        );
+        let stage = tl
+            .span(Stage::ComputeEnd, Stage::ResponseSent)
+            .expect("stamped");
+        assert!(
+            stage >= nap.as_nanos() as u64,
+            "the place is inside compute_output: {stage} ns"
+        );
+        drop(p);
+        let s = core.registry.get(0).expect("identity").stats.snapshot();
+        assert!(
+            s.compute_output.ns >= nap.as_nanos() as u64,
+            "and in the model's statistics"
+        );
+
+        // A place that refuses fails the request: counted, with its message.
+        let mut tl = core.timeline(&h);
+        let p = core
+            .prepare_via(
+                Via::Grpc,
+                &h,
+                &d,
+                &Grant::open(core.limits),
+                Placement::Payload,
+                &tl,
+            )
+            .expect("admitted");
+        let views = p.views(&payload);
+        let reply = core.execute_placing(&p, &views, &mut tl, |_| Err("no room for it".into()));
+        assert_eq!(
+            (reply.header.kind, reply.header.status),
+            (Kind::Error, Status::InvalidInput)
+        );
+        assert_eq!(
+            wire::decode_error_body(&reply.desc).as_deref(),
+            Ok("no room for it")
+        );
+        drop(p);
+        let s = core.registry.get(0).expect("identity").stats.snapshot();
+        assert_eq!((s.success.count, s.fail.count), (1, 1));
     }
 
     #[test]

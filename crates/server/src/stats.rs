@@ -25,7 +25,7 @@
 //! | `compute_input` | received → queued | descriptors decoded and checked against the signature, the payload read into place (sockets; already in place over shm), tensor views built; front doors: inputs gathered from the KServe message too |
 //! | `queue` | queued → compute_start | waiting in the model's queue (0 when admitted at once: one compare-and-swap) |
 //! | `compute_infer` | compute_start → compute_end | the engine's run |
-//! | `compute_output` | compute_end → response_sent | outputs checked, laid out or placed (shm: copied into the arena when the engine could not write them in place), the response header and descriptors encoded |
+//! | `compute_output` | compute_end → response_sent | outputs checked, laid out or placed (shm: copied into the arena, or into the Triton region a front-door caller named, when the engine could not write them in place), the response header and descriptors encoded |
 //! | `success` | received → response_sent | the sum of the four above |
 //! | `fail` | received → the failure | for a request refused or failed after its model was known |
 //!
