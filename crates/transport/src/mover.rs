@@ -794,7 +794,9 @@ impl Policy {
         Ok(p)
     }
 
-    /// A fixed policy: `m` for every case.
+    /// A fixed policy: `m` for every case. Saved, it loads back as the same
+    /// policy (one entry; a `zero` one is refused on load: zero copy is not
+    /// a choice for bytes to move).
     ///
     /// # Examples
     ///
@@ -803,13 +805,23 @@ impl Policy {
     /// let p = Policy::fixed(Mover::NonTemporal);
     /// assert_eq!(p.choose(64, 1, None), Mover::NonTemporal);
     /// assert_eq!(p.choose(1 << 30, 8, Some(true)), Mover::NonTemporal);
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("nt.json");
+    /// p.save(&path)?;
+    /// assert_eq!(Policy::load(&path)?.choose(1 << 30, 8, Some(true)), Mover::NonTemporal);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn fixed(m: Mover) -> Policy {
         Policy {
             version: POLICY_VERSION,
             machine: String::new(),
             cold_from_bytes: u64::MAX,
-            entries: Vec::new(),
+            entries: vec![PolicyEntry {
+                log2_size: 0,
+                concurrency: 1,
+                cold: false,
+                mover: m,
+            }],
             table: vec![m; 2 * MAX_CONC * HALF_BUCKETS],
             memcpy_below: if m == Mover::Memcpy { usize::MAX } else { 0 },
         }
@@ -1279,6 +1291,30 @@ mod tests {
         assert!(Policy::load(&f).unwrap_err().contains("version 9"));
         let fb = load_or_fallback(Some(&dir.path().join("missing.json")));
         assert_eq!(fb.choose(1 << 26, 2, None), Mover::Memcpy);
+    }
+
+    #[test]
+    fn a_saved_fixed_policy_loads_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        for m in [Mover::Memcpy, Mover::NonTemporal, Mover::Kernel] {
+            let p = Policy::fixed(m);
+            let f = dir.path().join(format!("{}.json", m.name()));
+            p.save(&f).unwrap();
+            let q = Policy::load(&f).unwrap_or_else(|e| panic!("{}: {e}", m.name()));
+            assert!(q.table == p.table, "{}: another table", m.name());
+            for size in (0..40).map(|k| 3usize << k) {
+                for conc in [1, 2, 8] {
+                    for cold in [None, Some(false), Some(true)] {
+                        assert_eq!(q.choose(size, conc, cold), m, "{size} B, {conc}, {cold:?}");
+                    }
+                }
+            }
+        }
+        let f = dir.path().join("zero.json");
+        Policy::fixed(Mover::Zero).save(&f).unwrap();
+        assert!(Policy::load(&f)
+            .unwrap_err()
+            .contains("zero copy is not a choice"));
     }
 
     #[test]
