@@ -1,8 +1,8 @@
 //! The model queue's policy against a real agent, over every transport:
 //! a full queue refuses at once (`overloaded`), a request whose queue
 //! timeout passes is answered `timeout` and never computed, higher
-//! priority is served first, and a priority the model does not have is
-//! refused. The model is a gate: its first request holds the only run
+//! priority is served first, a priority the model does not have is
+//! refused, and a waiting request whose client hangs up is never computed. The model is a gate: its first request holds the only run
 //! until the test opens it, so who waits, and in which order the waiters
 //! run, is decided by the queue alone.
 
@@ -137,6 +137,11 @@ fn gate_agent(policy: QueuePolicy) -> (GateAgent, Arc<GateBackend>) {
         },
         gate,
     )
+}
+
+fn runs_done(ta: &GateAgent) -> u64 {
+    let m = ta.agent.core().registry.find("gate").expect("gate");
+    m.queue.stats().completed
 }
 
 fn waiting(ta: &GateAgent) -> usize {
@@ -363,5 +368,59 @@ fn the_http_door_carries_priority_and_timeout() {
         gate.open();
         assert_eq!(holder.join().expect("holder").expect("answer"), 0);
         doors.shutdown();
+    });
+}
+
+#[test]
+fn a_queued_request_whose_client_hangs_up_is_never_computed() {
+    within(LIMIT, "a client gone while its request waits", || {
+        let (ta, gate) = gate_agent(QueuePolicy::default());
+        let failures = || {
+            let m = ta.agent.core().registry.find("gate").expect("gate");
+            m.stats.snapshot().fail.count
+        };
+        // In-process callers wait on their own thread: no connection.
+        for (what, uri) in ta.all_uris().into_iter().filter(|(w, _)| *w != "inproc") {
+            let holder = hold(&ta, &gate, &uri);
+            let failed = failures();
+            let runs = runs_done(&ta);
+            // The victim's request waits in line, then its client goes
+            // (a killed process closes its connection the same way).
+            let victim = Client::connect(&uri).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let ticket = victim
+                .model("gate")
+                .expect("gate")
+                .submit(&[TensorRef::new(DType::U8, &[1], &[7]).expect("tensor")])
+                .expect("submit");
+            wait_until(Duration::from_secs(10), "the victim in line", || {
+                waiting(&ta) == 1
+            });
+            drop(ticket);
+            drop(victim);
+            // A live client behind it is served.
+            let live = send(&uri, 8, 0, None);
+            wait_until(Duration::from_secs(10), "the live client in line", || {
+                waiting(&ta) == 2
+            });
+            gate.open();
+            assert_eq!(holder.join().expect("holder").expect("answer"), 0);
+            assert_eq!(live.join().expect("thread").expect("answer"), 8, "{what}");
+            assert_eq!(
+                gate.ran(),
+                [0, 8],
+                "{what}: the victim's 7 was not computed"
+            );
+            assert_eq!(
+                runs_done(&ta),
+                runs + 2,
+                "{what}: two runs, the holder's and 8's"
+            );
+            wait_until(
+                Duration::from_secs(10),
+                "the victim counted as failed",
+                || failures() == failed + 1,
+            );
+            assert_eq!(waiting(&ta), 0, "{what}");
+        }
     });
 }

@@ -1334,6 +1334,7 @@ impl AgentCore {
                     }
                     Refused::Timeout { .. } => Status::Timeout,
                     Refused::BadPriority { .. } => Status::InvalidInput,
+                    Refused::CallerGone => Status::Unavailable,
                 };
                 let msg = format!("model '{}': {refused}", p.model.signature().name);
                 return Err(self.fail(Reply::error(p.request_id, status, &msg)));

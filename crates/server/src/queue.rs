@@ -26,6 +26,15 @@
 //! never computed. With `max_queue` requests already waiting, one more is
 //! refused at once ([`Refused::Overloaded`]).
 //!
+//! A request that had to wait is checked once more when its turn comes:
+//! if the connection it came on has been closed meanwhile (its client was
+//! killed, or gave up and hung up), it leaves answered
+//! [`Refused::CallerGone`] and is not run, so a dead client's request
+//! costs no engine run. The connection is the one a session names for its
+//! turn on the thread ([`watch_caller`]); a request admitted at once is not
+//! checked (no cost on the uncontended path), nor one that joins a batch,
+//! nor a front door's (HTTP/2 multiplexes many requests on a connection).
+//!
 //! ## Fairness between tenants
 //!
 //! A request that carries a tenant ([`crate::tenants::Tenant`], from the
@@ -152,6 +161,8 @@
 
 use crate::batcher::{BatchPolicy, Member};
 use crate::tenants::{Tenant, Usage};
+use std::cell::RefCell;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -375,6 +386,9 @@ pub enum Refused {
         /// Its limit.
         max_queued: u32,
     },
+    /// The connection the request came on was closed while it waited (see
+    /// [`watch_caller`]): it was not run.
+    CallerGone,
 }
 
 impl std::fmt::Display for Refused {
@@ -399,11 +413,96 @@ impl std::fmt::Display for Refused {
                 "tenant '{tenant}' has its max_queued ({max_queued}) requests waiting in model \
                  queues already; retry later"
             ),
+            Refused::CallerGone => write!(
+                f,
+                "the client closed its connection while the request waited in the model's \
+                 queue; it was not run"
+            ),
         }
     }
 }
 
 impl std::error::Error for Refused {}
+
+thread_local! {
+    /// The connection the requests this thread runs came on, while a
+    /// session's turn names it ([`watch_caller`]).
+    static CALLER: RefCell<Option<Caller>> = const { RefCell::new(None) };
+}
+
+/// Names `conn` (a session's socket: a native connection's, or a
+/// shared-memory session's control socket) as where the requests this
+/// thread runs come from, until the guard drops (the one named before
+/// comes back then). A request of this thread that waited in a model's
+/// queue and finds `conn` closed when its turn comes is not run
+/// ([`Refused::CallerGone`]).
+///
+/// # Examples
+///
+/// ```
+/// use server::queue::{watch_caller, Ask, ModelQueue, Refused};
+/// use std::os::unix::net::UnixStream;
+/// use std::sync::{mpsc, Arc};
+/// use std::time::Duration;
+/// let q = Arc::new(ModelQueue::new(1));
+/// // Another request holds the model until the waiting one is in line.
+/// let (running, is_running) = mpsc::channel();
+/// let holder = std::thread::spawn({
+///     let q = q.clone();
+///     move || {
+///         q.run_for(Ask::default(), None, &mut wire::Timeline::default(), || {
+///             running.send(()).ok();
+///             while q.stats().waiting == 0 {
+///                 std::thread::sleep(Duration::from_millis(1));
+///             }
+///         })
+///     }
+/// });
+/// is_running.recv()?;
+/// let (session_end, client_end) = UnixStream::pair()?;
+/// let _watch = watch_caller(Arc::new(session_end));
+/// drop(client_end); // the client is killed
+/// let r = q.run_for(Ask::default(), None, &mut wire::Timeline::default(), || "ran");
+/// assert!(matches!(r, Err(Refused::CallerGone)), "waited, then not run");
+/// assert!(holder.join().is_ok());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn watch_caller(conn: Caller) -> CallerWatch {
+    let prev = CALLER.with(|c| c.borrow_mut().replace(conn));
+    CallerWatch { prev }
+}
+
+/// Names a thread's connection while it lives: [`watch_caller`].
+#[must_use = "the connection is named only while the guard lives"]
+pub struct CallerWatch {
+    prev: Option<Caller>,
+}
+
+/// A session's connection, as [`watch_caller`] takes it: a shared handle
+/// on its socket (no second descriptor).
+pub type Caller = Arc<dyn AsFd + Send + Sync>;
+
+impl std::fmt::Debug for CallerWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallerWatch").finish_non_exhaustive()
+    }
+}
+
+impl Drop for CallerWatch {
+    fn drop(&mut self) {
+        let prev = self.prev.take();
+        CALLER.with(|c| *c.borrow_mut() = prev);
+    }
+}
+
+/// Whether this thread's named connection (if any) has been closed.
+fn caller_gone() -> bool {
+    CALLER.with(|c| {
+        c.borrow()
+            .as_ref()
+            .is_some_and(|conn| transport::hung_up(conn.as_fd()))
+    })
+}
 
 /// Admission to a model, `concurrency` runs at a time, in the order of a
 /// [`QueuePolicy`].
@@ -934,7 +1033,12 @@ impl ModelQueue {
             self.admit_in_turn(ask, tenant, None)?;
         }
         // Released on every exit, including a panic inside `f`.
-        let _slot = RunSlot(self);
+        let slot = RunSlot(self);
+        if waited && caller_gone() {
+            slot.unused();
+            return Err(Refused::CallerGone);
+        }
+        let _slot = slot;
         if waited {
             timeline.stamp(Stage::ComputeStart);
         } else {
@@ -1353,16 +1457,32 @@ impl ModelQueue {
 /// A run held from admission until dropped (also on a panic).
 pub(crate) struct RunSlot<'a>(&'a ModelQueue);
 
+impl RunSlot<'_> {
+    /// Gives the run back unused (its request will not run): not counted
+    /// as a completed run.
+    fn unused(self) {
+        let q = self.0;
+        std::mem::forget(self);
+        q.release_run();
+    }
+}
+
 impl Drop for RunSlot<'_> {
     fn drop(&mut self) {
-        let q = self.0;
-        q.completed.fetch_add(1, Ordering::Relaxed);
-        let before = q.word.fetch_sub(RUNNING_ONE, Ordering::Release);
+        self.0.completed.fetch_add(1, Ordering::Relaxed);
+        self.0.release_run();
+    }
+}
+
+impl ModelQueue {
+    /// Ends a run (done or unused), waking the next waiter if one waits.
+    fn release_run(&self) {
+        let before = self.word.fetch_sub(RUNNING_ONE, Ordering::Release);
         // Waking costs a syscall: only when someone waits. The lock orders
         // this wake after a waiter's check (see `admit_in_turn`).
         if before >= WAITING_ONE {
-            let s = q.state.lock().unwrap_or_else(|p| p.into_inner());
-            q.wake_best(&s);
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            self.wake_best(&s);
         }
     }
 }

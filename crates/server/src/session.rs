@@ -43,6 +43,10 @@ pub struct SocketSession {
     stalled: bool,
     /// Its transport (unix or tcp), for the models' statistics.
     via: Via,
+    /// A shared handle on the socket, named for each turn so that a
+    /// request that waits in a model's queue is dropped if the client
+    /// hangs up meanwhile ([`crate::queue::watch_caller`]).
+    caller: Option<crate::queue::Caller>,
 }
 
 impl SocketSession {
@@ -57,6 +61,10 @@ impl SocketSession {
         via: Via,
     ) -> SocketSession {
         conn.set_parking(true);
+        let caller = conn
+            .writer()
+            .ok()
+            .map(|w| Arc::new(w) as crate::queue::Caller);
         SocketSession {
             core,
             conn,
@@ -65,6 +73,7 @@ impl SocketSession {
             slot,
             stalled: false,
             via,
+            caller,
         }
     }
 
@@ -74,6 +83,7 @@ impl SocketSession {
         // One count per turn on a worker, not per request: `self` must stay
         // free to borrow mutably below.
         let core = self.core.clone();
+        let _watch = self.caller.clone().map(crate::queue::watch_caller);
         loop {
             let limits = self.grant.as_ref().map_or(&core.limits, |g| &g.limits);
             let (h, desc) = match self.conn.recv_head(limits) {

@@ -110,6 +110,13 @@ pub struct ShmHandle {
     closed: AtomicBool,
 }
 
+/// The session's control socket.
+impl AsFd for ShmHandle {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
 impl ShmHandle {
     /// A handle over a clone of the session's control socket.
     pub fn new(sock: UnixStream) -> ShmHandle {
@@ -310,6 +317,9 @@ impl ShmSession {
             return Step::Done;
         };
         let mut meter = st.grant.seat.as_ref().map(CpuMeter::start);
+        // A request that waits in a model's queue is dropped if the client
+        // hangs up meanwhile (its control socket, through the handle).
+        let _watch = crate::queue::watch_caller(self.handle.clone());
         if st.parked {
             if st.ch.unpark().is_err() {
                 st.ch.close();

@@ -55,5 +55,5 @@ pub mod vsock;
 pub use endpoint::{mover_param, Endpoint};
 pub use error::{RecvError, TransportError};
 pub use listener::{connect, remove_stale_unix_socket, Listener, ListenerWaker};
-pub use peer::{Credentials, PeerId};
+pub use peer::{hung_up, Credentials, PeerId};
 pub use stream::{StreamConn, StreamStats, StreamWriter, STAGING_LEN};

@@ -12,7 +12,12 @@
 //! Over vsock it is the peer's CID (its virtual machine, or 2 for the
 //! host): the port is a connection's own, as a TCP source port is, and
 //! vsock has no `SO_PEERCRED`.
+//!
+//! [`hung_up`]: whether the other end has closed the connection, asked
+//! without reading from it (a session whose client died, for a request of
+//! its that is still waiting).
 
+use rustix::event::{poll, PollFd, PollFlags};
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, TcpStream};
@@ -145,9 +150,91 @@ impl fmt::Display for PeerId {
     }
 }
 
+/// True once the other end of the connected socket `sock` has closed it
+/// (its process exited or was killed) or the connection failed: a
+/// zero-timeout `poll(2)` sees `POLLHUP`, `POLLRDHUP` or `POLLERR`, or the
+/// socket is readable with end of stream next. Unread data ahead (a
+/// pipelined message) is not a hang-up. A signal landing in the poll is
+/// not one either: even a zero-timeout `poll(2)` returns `EINTR` when a
+/// signal is pending and no fd is ready, so it is retried. A client that
+/// closes only its write side (`shutdown(SHUT_WR)`) counts as gone.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// let (a, b) = UnixStream::pair()?;
+/// assert!(!transport::hung_up(&a));
+/// drop(b);
+/// assert!(transport::hung_up(&a));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn hung_up(sock: impl AsFd) -> bool {
+    let sock = sock.as_fd();
+    let mut fds = [PollFd::new(&sock, PollFlags::IN | PollFlags::RDHUP)];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let polled = loop {
+        match poll(&mut fds, Some(&zero)) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r,
+        }
+    };
+    match polled {
+        Ok(0) => false,
+        Ok(_) => {
+            let r = fds[0].revents();
+            r.intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
+                || (r.contains(PollFlags::IN) && {
+                    let mut b = [0u8; 1];
+                    matches!(
+                        rustix::net::recv(
+                            sock,
+                            &mut b,
+                            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
+                        ),
+                        Ok((0, _))
+                    )
+                })
+        }
+        Err(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hang_up_is_seen_with_or_without_unread_data_and_data_alone_is_not_one() {
+        use std::io::Write;
+        // Unix: data waiting is not a hang-up; the close after it is.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        b.write_all(b"next message").unwrap();
+        assert!(!hung_up(&a));
+        drop(b);
+        assert!(hung_up(&a));
+        // TCP: the peer's FIN (what a killed client's kernel sends).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert!(!hung_up(&s));
+        drop(c);
+        let t0 = std::time::Instant::now();
+        while !hung_up(&s) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(5),
+                "the FIN never showed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // A peer that closes only its write side counts as gone.
+        let (a, b) = UnixStream::pair().unwrap();
+        b.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(hung_up(&a));
+    }
     use std::net::TcpListener;
 
     #[test]

@@ -994,6 +994,13 @@ impl AsFd for StreamConn {
     }
 }
 
+/// The connection's socket (the same open file as its [`StreamConn`]'s).
+impl AsFd for StreamWriter {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.fd()
+    }
+}
+
 impl StreamWriter {
     /// Sends one message; see `send_message`.
     ///

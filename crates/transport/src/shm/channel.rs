@@ -39,7 +39,6 @@ use crate::shm::layout::{Layout, AGENT_CPU, AGENT_SLEEP, CLIENT_CPU, CLIENT_SLEE
 use crate::shm::ring::{Consumer, Producer, Ring, RingError, SLOT_LEN};
 use crate::shm::{futex, Arena};
 use crate::spin::{Spin, SpinSlot};
-use rustix::event::{poll, PollFd, PollFlags};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -1154,36 +1153,7 @@ impl ShmChannel {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn peer_alive(&self) -> bool {
-        let mut fds = [PollFd::new(&self.sock, PollFlags::IN | PollFlags::RDHUP)];
-        let zero = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        let polled = loop {
-            match poll(&mut fds, Some(&zero)) {
-                Err(rustix::io::Errno::INTR) => continue,
-                r => break r,
-            }
-        };
-        match polled {
-            Ok(0) => true,
-            Ok(_) => {
-                let r = fds[0].revents();
-                !(r.intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
-                    || (r.contains(PollFlags::IN) && {
-                        let mut b = [0u8; 1];
-                        matches!(
-                            rustix::net::recv(
-                                &self.sock,
-                                &mut b,
-                                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
-                            ),
-                            Ok((0, _))
-                        )
-                    }))
-            }
-            Err(_) => false,
-        }
+        !crate::peer::hung_up(&self.sock)
     }
 
     /// Closes the control socket: the peer sees this side as gone.
@@ -1232,6 +1202,7 @@ impl AsFd for ShmChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::event::{poll, PollFd, PollFlags};
     use std::os::unix::net::UnixListener;
     use std::time::Instant;
 
