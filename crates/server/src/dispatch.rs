@@ -1715,18 +1715,14 @@ mod tests {
         let (h, d) = request(8);
         let payload = [7u8; 8];
         let nap = Duration::from_millis(20);
+        let grant = Grant::open(core.limits);
+        let admit = |tl: &Timeline| {
+            core.prepare_via(Via::Grpc, &h, &d, &grant, Placement::Payload, tl)
+                .expect("admitted")
+        };
         let mut tl = core.timeline(&h);
         tl.stamp(Stage::Received);
-        let p = core
-            .prepare_via(
-                Via::Grpc,
-                &h,
-                &d,
-                &Grant::open(core.limits),
-                Placement::Payload,
-                &tl,
-            )
-            .expect("admitted");
+        let p = admit(&tl);
         let views = p.views(&payload);
         let mut placed = Vec::new();
         let reply = core.execute_placing(&p, &views, &mut tl, |outputs| {
@@ -1754,16 +1750,7 @@ mod tests {
 
         // A place that refuses fails the request: counted, with its message.
         let mut tl = core.timeline(&h);
-        let p = core
-            .prepare_via(
-                Via::Grpc,
-                &h,
-                &d,
-                &Grant::open(core.limits),
-                Placement::Payload,
-                &tl,
-            )
-            .expect("admitted");
+        let p = admit(&tl);
         let views = p.views(&payload);
         let reply = core.execute_placing(&p, &views, &mut tl, |_| Err("no room for it".into()));
         assert_eq!(
