@@ -11,7 +11,11 @@
 //! (`handshake_timeout_ms`, 3 s by default) to send its first byte and, on
 //! a TLS door, to finish the TLS handshake; a connection that has not is
 //! closed (and counted as a handshake timeout). Only then is it handed to
-//! the door's server (`serve_http` or tonic). The waiting happens in a task per
+//! the door's server (`serve_http` or tonic). A gRPC door's connection also
+//! carries a head deadline: an HTTP/2 request head that has begun must be
+//! whole within the agent's `stall_timeout`, or reading it fails and tonic
+//! drops the connection ([`crate::h2_heads`]; hyper gives the HTTP door's
+//! heads the same deadline itself). The waiting happens in a task per
 //! connection, never in the accept loop, so a client that connects and
 //! says nothing holds up nobody but itself.
 //!
@@ -21,10 +25,12 @@
 //! close a native one: the socket is shut down and the door's server sees
 //! it end. A door's connection therefore costs two file descriptors.
 
+use crate::h2_heads::HeadWatch;
 use crate::tls::{open_tls, PlainText};
 use server::conns::{Conn, Phase, Slot};
 use server::dispatch::AgentCore;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -59,16 +65,21 @@ impl DoorIncoming {
     /// over TLS with `tls` (and what to do with a client that does not
     /// start with a TLS handshake). Must be called on a tokio runtime (it
     /// spawns the accept task).
+    /// `h2_heads`: an HTTP/2 door's (gRPC), whose request heads get the
+    /// agent's `stall_timeout` here ([`crate::h2_heads`]; hyper gives an
+    /// HTTP/1.1 door's its own).
     pub(crate) fn start(
         listener: TcpListener,
         core: &AgentCore,
         tls: Option<(Arc<ServerConfig>, PlainText)>,
+        h2_heads: bool,
     ) -> DoorIncoming {
         let (tx, rx) = mpsc::channel(64);
         let rules = Rules {
             conns: core.conns().clone(),
             deadline: core.handshake_timeout(),
             tls: tls.map(|(config, plain)| (TlsAcceptor::from(config), plain)),
+            head_limit: h2_heads.then(|| core.stall_timeout()),
         };
         tokio::spawn(accept_loop(listener, rules, tx));
         DoorIncoming { rx }
@@ -97,6 +108,8 @@ struct Rules {
     conns: Arc<server::conns::ConnTable>,
     deadline: Duration,
     tls: Option<(TlsAcceptor, PlainText)>,
+    /// How long an HTTP/2 request head may take (gRPC doors only).
+    head_limit: Option<Duration>,
 }
 
 /// Accepts connections until the receiving side is dropped; admits each
@@ -176,7 +189,15 @@ async fn get_ready(tcp: TcpStream, slot: Slot, rules: &Rules) -> Option<DoorConn
             // From now on the door's server owns its time; the reaper
             // leaves it alone.
             slot.set(Phase::Busy);
-            Some(DoorConn { io, _slot: slot })
+            Some(DoorConn {
+                io,
+                heads: rules.head_limit.map(|limit| HeadDeadline {
+                    watch: HeadWatch::default(),
+                    limit,
+                    timer: None,
+                }),
+                _slot: slot,
+            })
         }
         Ok(None) => None,
         Err(_) => {
@@ -192,7 +213,19 @@ async fn get_ready(tcp: TcpStream, slot: Slot, rules: &Rules) -> Option<DoorConn
 /// table (given back when it drops).
 pub(crate) struct DoorConn {
     io: DoorIo,
+    /// On an HTTP/2 door: the deadline of the request head being read.
+    heads: Option<HeadDeadline>,
     _slot: Slot,
+}
+
+/// An HTTP/2 connection's head deadline: a head that has begun
+/// ([`HeadWatch::head_pending`]) must be whole within `limit`, or reading
+/// fails and the door's server drops the connection.
+struct HeadDeadline {
+    watch: HeadWatch,
+    limit: Duration,
+    /// Running while a head is pending.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// A door's connection in clear text or over TLS.
@@ -234,7 +267,34 @@ impl AsyncRead for DoorConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        either!(self, s => s.poll_read(cx, buf))
+        let this = self.get_mut();
+        if let Some(t) = this.heads.as_mut().and_then(|h| h.timer.as_mut()) {
+            if t.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "an HTTP/2 request head took longer than the agent's stall_timeout",
+                )));
+            }
+        }
+        let before = buf.filled().len();
+        let read = match &mut this.io {
+            DoorIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            DoorIo::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        };
+        if let (Poll::Ready(Ok(())), Some(h)) = (&read, this.heads.as_mut()) {
+            h.watch.feed(&buf.filled()[before..]);
+            match (h.watch.head_pending(), h.timer.is_some()) {
+                (true, false) => {
+                    let mut t = Box::pin(tokio::time::sleep(h.limit));
+                    // Registers this task's waker: the next read polls it again.
+                    let _ = t.as_mut().poll(cx);
+                    h.timer = Some(t);
+                }
+                (false, true) => h.timer = None,
+                _ => {}
+            }
+        }
+        read
     }
 }
 
@@ -466,6 +526,90 @@ mod tests {
                 "{uri}: an idle keep-alive connection stayed open {:?}",
                 idle.elapsed()
             );
+        }
+        doors.shutdown_with(agent, Duration::from_secs(1));
+    }
+
+    /// Over the gRPC door (HTTP/2): a client that announces a HEADERS
+    /// frame and trickles its bytes is closed once the head has taken
+    /// `stall_timeout` (h2 itself bounds the number of CONTINUATION
+    /// frames, not the time one frame takes); a client whose head is
+    /// whole, then idle, keeps its connection; others are served.
+    #[test]
+    fn a_trickled_http2_head_is_cut_at_the_stall_timeout() {
+        let stall = Duration::from_millis(600);
+        let cfg = AgentConfig {
+            stall_timeout: stall,
+            ..AgentConfig::default()
+        };
+        let (agent, doors) = agent_with(
+            cfg,
+            DoorsConfig {
+                grpc: vec!["grpc://127.0.0.1:0".into()],
+                ..DoorsConfig::default()
+            },
+        );
+        let uri = doors.uris()[0].to_string();
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let settings = [0u8, 0, 0, 0x4, 0, 0, 0, 0, 0];
+        // HEADERS on stream 1, one byte of block (":method GET"), no flags.
+        let headers = [0u8, 0, 1, 0x1, 0, 0, 0, 0, 1, 0x82];
+        // A HEADERS frame on stream 3 announcing 1000 bytes of block.
+        let announced = [0u8, 0x3, 0xe8, 0x1, 0x4, 0, 0, 0, 3];
+
+        let mut slow = TcpStream::connect(addr(&uri)).expect("connect");
+        slow.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        slow.write_all(preface).expect("preface");
+        slow.write_all(&settings).expect("settings");
+        slow.write_all(&announced).expect("headers");
+        let t = Instant::now();
+        let mut b = [0u8; 512];
+        let mut sent = 0;
+        // One byte every 100 ms, for at most 5 s.
+        let cut = loop {
+            if t.elapsed() > Duration::from_secs(5) {
+                break None;
+            }
+            // ":method GET", again and again: never the whole block.
+            if slow.write_all(&[0x82]).is_err() {
+                break Some(t.elapsed());
+            }
+            sent += 1;
+            match slow.read(&mut b) {
+                Ok(0) => break Some(t.elapsed()),
+                Ok(_) => {} // the server's SETTINGS, its ACK, a GOAWAY
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => break Some(t.elapsed()),
+            }
+            if sent == 3 {
+                assert!(grpc_live(&uri), "others are served meanwhile");
+            }
+        };
+        let cut = cut.unwrap_or_else(|| panic!("{uri} kept a trickled HTTP/2 head for 5 s"));
+        assert!(
+            cut >= stall - Duration::from_millis(100) && cut < Duration::from_secs(3),
+            "{uri}: cut after {cut:?}"
+        );
+
+        // A whole head, then silence: the connection stays (gRPC clients
+        // keep theirs open between calls).
+        let mut idle = TcpStream::connect(addr(&uri)).expect("connect");
+        idle.write_all(preface).expect("preface");
+        idle.write_all(&settings).expect("settings");
+        let mut whole = headers;
+        whole[4] = 0x4; // END_HEADERS
+        idle.write_all(&whole).expect("headers");
+        idle.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let t = Instant::now();
+        while t.elapsed() < stall * 2 {
+            match idle.read(&mut b) {
+                Ok(0) => panic!("{uri}: closed a connection whose head was whole"),
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) => panic!("{uri}: {e}"),
+            }
         }
         doors.shutdown_with(agent, Duration::from_secs(1));
     }

@@ -125,8 +125,12 @@ impl HttpFrontend {
             "tw-http-frontend",
             shared,
             |listener, stopped| async move {
-                let incoming =
-                    DoorIncoming::start(listener, &core, tls.map(|c| (c, PlainText::HttpError)));
+                let incoming = DoorIncoming::start(
+                    listener,
+                    &core,
+                    tls.map(|c| (c, PlainText::HttpError)),
+                    false,
+                );
                 serve_http(incoming, router, head_timeout, stop(stopped)).await;
             },
         )

@@ -83,6 +83,7 @@ mod access;
 pub mod datatype;
 mod door;
 mod doors;
+mod h2_heads;
 mod http;
 mod inputs;
 mod metrics;

@@ -688,7 +688,7 @@ impl MetricsListener {
             Arc::new(Shared::default()),
             // Admitted and deadlined as the KServe doors' connections are.
             |listener, stopped| async move {
-                let incoming = crate::accept::DoorIncoming::start(listener, &core, None);
+                let incoming = crate::accept::DoorIncoming::start(listener, &core, None, false);
                 let head_timeout = core.stall_timeout();
                 crate::serve_http::serve_http(incoming, router, head_timeout, async move {
                     let _ = stopped.await;

@@ -175,7 +175,7 @@ impl GrpcFrontend {
             shared,
             |listener, stopped| async move {
                 let incoming =
-                    DoorIncoming::start(listener, &core, tls.map(|c| (c, PlainText::Close)));
+                    DoorIncoming::start(listener, &core, tls.map(|c| (c, PlainText::Close)), true);
                 let _ = router
                     .serve_with_incoming_shutdown(incoming.into_stream(), stop(stopped))
                     .await;
