@@ -378,6 +378,16 @@ mod tests {
         (agent, doors)
     }
 
+    /// An agent serving identity whose `stall_timeout` is `stall`, and
+    /// `doors` over it.
+    fn stalling_agent(stall: Duration, doors: DoorsConfig) -> (Agent, FrontDoors) {
+        let cfg = AgentConfig {
+            stall_timeout: stall,
+            ..AgentConfig::default()
+        };
+        agent_with(cfg, doors)
+    }
+
     fn addr(uri: &str) -> &str {
         uri.split_once("://").map_or(uri, |(_, a)| a)
     }
@@ -461,12 +471,8 @@ mod tests {
     #[test]
     fn a_trickled_request_head_is_cut_at_the_stall_timeout() {
         let stall = Duration::from_millis(600);
-        let cfg = AgentConfig {
-            stall_timeout: stall,
-            ..AgentConfig::default()
-        };
-        let (agent, doors) = agent_with(
-            cfg,
+        let (agent, doors) = stalling_agent(
+            stall,
             DoorsConfig {
                 http: vec!["http://127.0.0.1:0".into()],
                 metrics: Some("http://127.0.0.1:0".into()),
@@ -538,12 +544,8 @@ mod tests {
     #[test]
     fn a_trickled_http2_head_is_cut_at_the_stall_timeout() {
         let stall = Duration::from_millis(600);
-        let cfg = AgentConfig {
-            stall_timeout: stall,
-            ..AgentConfig::default()
-        };
-        let (agent, doors) = agent_with(
-            cfg,
+        let (agent, doors) = stalling_agent(
+            stall,
             DoorsConfig {
                 grpc: vec!["grpc://127.0.0.1:0".into()],
                 ..DoorsConfig::default()
