@@ -43,4 +43,9 @@ pub enum EngineError {
     /// cannot be reached now: retrying later may succeed.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The run was stopped before it finished ([`RunStop`](crate::RunStop)):
+    /// its queue gave the engine to a request whose turn came first, and
+    /// the request runs again at its turn.
+    #[error("the run was stopped for a request whose turn came first")]
+    Stopped,
 }

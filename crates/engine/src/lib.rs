@@ -30,6 +30,8 @@ mod error;
 mod identity;
 mod ort_backend;
 mod ort_runtime;
+mod ort_threads;
+mod stop;
 mod view;
 
 pub use error::EngineError;
@@ -38,6 +40,7 @@ pub use ort_backend::{OrtBackend, OrtOptions, DEFAULT_INTRA_SPINNING};
 pub use ort_runtime::{
     find_onnxruntime, init_onnxruntime, onnxruntime_info, OrtRuntimeInfo, ORT_DYLIB_ENV,
 };
+pub use stop::RunStop;
 pub use view::{Device, Output, OutputData, TensorView};
 pub use wire::{DType, ModelSignature, TensorSpec};
 

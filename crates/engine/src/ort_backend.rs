@@ -204,6 +204,7 @@ impl OrtBackend {
             .and_then(|b| Ok(b.with_intra_threads(opts.intra_threads)?))
             .and_then(|b| Ok(b.with_intra_op_spinning(opts.intra_spinning)?))
             .and_then(|b| Ok(b.with_inter_threads(opts.inter_threads.max(1))?))
+            .and_then(|b| Ok(b.with_thread_manager(crate::ort_threads::OrtThreads)?))
             .map_err(|e| load_err(format!("cannot configure a session: {e}")))?;
         if n_sessions > 1 {
             // Sessions of one model share their prepacked weights.
@@ -489,9 +490,17 @@ impl OrtBackend {
     /// into an `AlignedBuf`.
     fn run_copying(&self, values: &[SessionInputValue<'_>]) -> Result<Vec<Output>, EngineError> {
         let mut session = self.session();
-        let outputs = session
-            .run(values)
-            .map_err(|e| EngineError::Run(format!("model '{}': {e}", self.signature.name)))?;
+        let stop = crate::RunStop::this_thread();
+        let outputs = match stop.as_ref().and_then(|s| s.options()) {
+            Some(options) => session.run_with_options(values, options),
+            None => session.run(values),
+        }
+        .map_err(|e| {
+            stopped_or(EngineError::Run(format!(
+                "model '{}': {e}",
+                self.signature.name
+            )))
+        })?;
         let mut result = Vec::with_capacity(outputs.len());
         for (spec, value) in self.signature.outputs.iter().zip(outputs.values()) {
             result.push(copy_output(&spec.name, &value)?);
@@ -523,6 +532,7 @@ impl Backend for OrtBackend {
         self.with_inputs(inputs, |values| match shapes {
             Some(shapes) => match self.run_preallocated(values, shapes) {
                 Err(EngineError::OutOfMemory(m)) => Err(EngineError::OutOfMemory(m)),
+                Err(EngineError::Stopped) => Err(EngineError::Stopped),
                 Err(_) => self.retry_copying(values),
                 ok => ok,
             },
@@ -580,6 +590,7 @@ impl Backend for OrtBackend {
                         Err(EngineError::OutOfMemory(m)) => {
                             return Err(EngineError::OutOfMemory(m))
                         }
+                        Err(EngineError::Stopped) => return Err(EngineError::Stopped),
                         Err(_) => {
                             let produced = self.retry_copying(values)?;
                             return copy_into(sig, &produced, outputs);
@@ -791,6 +802,7 @@ fn run_raw(
     output_names: &[CString],
     outputs: &mut [DynValueRefMut<'_>],
 ) -> Result<(), EngineError> {
+    let stop = crate::RunStop::this_thread();
     if input_names.len() != inputs.len() || output_names.len() != outputs.len() {
         return Err(EngineError::Run(format!(
             "{} inputs for {} names, {} outputs for {} names",
@@ -813,12 +825,15 @@ fn run_raw(
     // strings in `input_names`/`output_names`, the value arrays to live
     // OrtValues (`inputs` borrow their memory for the whole call; `outputs`
     // are tensors over buffers borrowed for the whole call), and each array
-    // has exactly the length passed with it (checked above). No run options
-    // are passed (null is allowed).
+    // has exactly the length passed with it (checked above). The run options
+    // are this thread's `RunStop`'s, alive in `stop` for the whole call, or
+    // null (allowed: defaults).
     let status = unsafe {
         run(
             session.ptr().cast_mut(),
-            ptr::null(),
+            stop.as_ref()
+                .and_then(|s| s.options())
+                .map_or(ptr::null(), |o| o.ptr()),
             in_names.as_ptr(),
             in_values.as_ptr(),
             in_values.len(),
@@ -830,7 +845,7 @@ fn run_raw(
     // SAFETY: `status` was just returned by ONNX Runtime and is used nowhere
     // else; this takes ownership of it (and releases it).
     unsafe { ort::Error::<()>::result_from_status(status) }
-        .map_err(|e| EngineError::Run(e.to_string()))?;
+        .map_err(|e| stopped_or(EngineError::Run(e.to_string())))?;
     if out_values != preallocated {
         // ONNX Runtime documents that it fills non-null outputs in place; if
         // it ever did not, the values it made would leak rather than be
@@ -840,6 +855,15 @@ fn run_raw(
         ));
     }
     Ok(())
+}
+
+/// `e`, or [`EngineError::Stopped`] when this thread's run was stopped (the
+/// error ONNX Runtime gives then says only that a flag was set).
+fn stopped_or(e: EngineError) -> EngineError {
+    match crate::RunStop::this_thread() {
+        Some(stop) if stop.is_stopped() => EngineError::Stopped,
+        _ => e,
+    }
 }
 
 /// Copies one output ONNX Runtime allocated into a fresh `AlignedBuf`.

@@ -244,6 +244,7 @@ fn runtime(global_intra_threads: Option<usize>) -> Result<&'static Runtime, Engi
         let pool = GlobalThreadPoolOptions::default()
             .with_intra_threads(n)
             .and_then(|p| p.with_inter_threads(1))
+            .and_then(|p| p.with_thread_manager(crate::ort_threads::OrtThreads))
             .map_err(|e| rt_err("cannot configure a global thread pool for", &e))?;
         builder = builder.with_global_thread_pool(pool);
     }

@@ -177,6 +177,7 @@ fn engine_status(model: &str, e: EngineError) -> Status {
         EngineError::Unsupported(_) => Code::UNIMPLEMENTED,
         EngineError::OutOfMemory(_) => Code::RESOURCE_EXHAUSTED,
         EngineError::Unavailable(_) => Code::UNAVAILABLE,
+        EngineError::Stopped => Code::ABORTED,
         EngineError::Load { .. } | EngineError::Runtime(_) | EngineError::Run(_) => Code::INTERNAL,
     };
     status(code, format!("model '{model}': {e}"))
