@@ -2,14 +2,16 @@
 //! a full queue refuses at once (`overloaded`), a request whose queue
 //! timeout passes is answered `timeout` and never computed, higher
 //! priority is served first, a priority the model does not have is
-//! refused, and a waiting request whose client hangs up is never computed. The model is a gate: its first request holds the only run
-//! until the test opens it, so who waits, and in which order the waiters
-//! run, is decided by the queue alone.
+//! refused, a waiting request whose client hangs up is never computed,
+//! and (with `preempt`) a high-priority request stops a real ONNX Runtime
+//! run in progress, which then runs again. The model is mostly a gate: its
+//! first request holds the only run until the test opens it, so who waits,
+//! and in which order the waiters run, is decided by the queue alone.
 
 use client::{Client, ClientError, TensorRef};
-use common::{wait_until, within};
+use common::{built, shm_dir, wait_until, within};
 use engine::{Backend, EngineError, Output, OutputData, TensorView};
-use server::{Agent, AgentConfig, ModelRegistry, NewModel, QueuePolicy};
+use server::{Agent, AgentConfig, ModelConfig, ModelRegistry, NewModel, QueuePolicy};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use transport::Endpoint;
@@ -421,6 +423,80 @@ fn a_queued_request_whose_client_hangs_up_is_never_computed() {
                 || failures() == failed + 1,
             );
             assert_eq!(waiting(&ta), 0, "{what}");
+        }
+    });
+}
+
+/// `slow_echo` (about 100–300 ms of ONNX Runtime work per run) with two
+/// levels and `preempt`: a level-1 request sent while a level-2 run is in
+/// progress stops it and is answered first; the stopped request runs again
+/// and is answered its own echo. Without the stop (run options not passed
+/// to ONNX Runtime, or the queue not stopping) the low one would finish
+/// first: it started first and holds the only run.
+#[test]
+fn a_high_priority_request_stops_a_slow_onnx_run_which_then_runs_again() {
+    within(LIMIT, "preemption", || {
+        shm_dir();
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let name = format!("tw-preempt-{}", std::process::id());
+        let cfg = AgentConfig {
+            listen: vec![
+                Endpoint::Shm(name),
+                Endpoint::Unix(dir.path().join("a.sock")),
+                Endpoint::parse("tcp://127.0.0.1:0").expect("tcp"),
+            ],
+            models: vec![ModelConfig {
+                priority_levels: 2,
+                preempt: true,
+                priority_aging_ms: 3_600_000, // no aging during the test
+                ..ModelConfig::new("slow_echo", built("slow_echo.onnx"))
+            }],
+            ..AgentConfig::default()
+        };
+        let agent = Agent::start(cfg).expect("agent starts");
+        let model = agent.core().registry.find("slow_echo").expect("served");
+        for (round, ep) in agent.endpoints().iter().enumerate() {
+            let uri = ep.to_string();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let send = |priority: u8, x: Vec<f32>| {
+                let c = Client::connect(&uri).unwrap_or_else(|e| panic!("connect {uri}: {e}"));
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let m = c.model("slow_echo").expect("model").with_priority(priority);
+                    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let r = m
+                        .infer(&[TensorRef::new(DType::F32, &[x.len() as u64], &bytes).expect("x")])
+                        .expect("answered");
+                    let y: Vec<f32> = r.outputs[0]
+                        .bytes()
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    tx.send(priority).expect("test waits");
+                    y
+                })
+            };
+            let before = model.queue.stats();
+            let low = send(2, vec![1.0, 2.0, 3.0, 4.0]);
+            wait_until(Duration::from_secs(10), "the low run starts", || {
+                model.queue.stats().running == 1
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            let high = send(1, vec![5.0]);
+            let first = rx.recv().expect("an answer");
+            assert_eq!(high.join().expect("high"), [5.0], "{uri}");
+            assert_eq!(low.join().expect("low"), [1.0, 2.0, 3.0, 4.0], "{uri}");
+            assert_eq!(
+                first, 1,
+                "{uri}: the high-priority request is answered first"
+            );
+            let after = model.queue.stats();
+            assert_eq!(
+                after.preempted - before.preempted,
+                1,
+                "{uri} (round {round})"
+            );
+            assert_eq!(after.completed - before.completed, 2, "{uri}");
         }
     });
 }

@@ -173,6 +173,12 @@ const FAMILIES: &[Family] = &[
         MODEL,
     ),
     family(
+        "tensorwire_queue_preempted_total",
+        "Runs stopped for a request whose turn came first (preempt = true); each stopped request ran again",
+        COUNTER,
+        MODEL,
+    ),
+    family(
         "tensorwire_batches_total",
         "Engine runs that served more than one request (dynamic batching)",
         COUNTER,
@@ -381,6 +387,7 @@ fn model_metrics(i: usize, s: &StatsSnapshot, q: &QueueStats) -> Vec<Metric> {
         "tensorwire_queue_runs_total" => one(counter(q.completed as f64)),
         "tensorwire_queue_overloaded_total" => one(counter(q.overloaded as f64)),
         "tensorwire_queue_timeouts_total" => one(counter(q.timed_out as f64)),
+        "tensorwire_queue_preempted_total" => one(counter(q.preempted as f64)),
         "tensorwire_batches_total" => one(counter(s.batches as f64)),
         "tensorwire_batched_requests_total" => one(counter(s.batched_requests as f64)),
         "tensorwire_batch_copy_bytes_total" => [
@@ -829,6 +836,10 @@ mod tests {
             1.0
         );
         assert!(text.contains("# TYPE tensorwire_queue_overloaded_total counter"));
+        assert_eq!(
+            sample(&text, &format!("tensorwire_queue_preempted_total{q}")),
+            0.0
+        );
         // No batching on this model: the batch families are there, at 0.
         assert_eq!(sample(&text, &format!("tensorwire_batches_total{q}")), 0.0);
         let staged = r#"{model="q",version="1",kind="staged"}"#;

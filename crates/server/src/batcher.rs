@@ -568,6 +568,12 @@ pub fn run(
     run_for(model, ask, None, tl, inputs)
 }
 
+/// Whether a run ended because its queue stopped it for a request whose
+/// turn came first ([`ModelQueue::run_preemptible`]).
+pub(crate) fn stopped<T>(r: &std::thread::Result<Result<T, engine::EngineError>>) -> bool {
+    matches!(r, Ok(Err(engine::EngineError::Stopped)))
+}
+
 /// [`run`] for a request of `tenant` (`None`: no tenant): if it waits, it
 /// waits at its tenant's fair start and counts in its `queued`
 /// ([`ModelQueue::run_for`]); fair starts decide who leads a batch and who
@@ -610,7 +616,7 @@ pub fn run_for(
     let rows = match b.rows_of(inputs) {
         Some(rows) if !b.runs_alone(queue, inputs) => rows,
         // Not stackable, or idle: nobody to batch with; run in place.
-        _ => return queue.run_for(ask, tenant, tl, alone),
+        _ => return queue.run_preemptible(ask, tenant, tl, alone, stopped),
     };
     // Refused at once (full, a level the model lacks, the tenant at its
     // max_queued): before any copy.
@@ -618,7 +624,7 @@ pub fn run_for(
     let queued_at = Instant::now();
     let Some(me) = b.stage(model, inputs, rows) else {
         // No room in a tensor queue: wait on its own bytes, run alone.
-        return queue.run_for(ask, tenant, tl, alone);
+        return queue.run_preemptible(ask, tenant, tl, alone, stopped);
     };
     let me = std::sync::Arc::new(me);
     tl.stamp(Stage::Queued);

@@ -16,6 +16,7 @@
 //! default_priority = 1     # level of a request that names none (default: the lowest)
 //! priority_aging_ms = 1000 # a waiting request rises a level per this long (starvation bound)
 //! queue_timeout_ms = 0     # longest wait of a request that names no timeout (0 = none)
+//! preempt = false          # a request whose turn comes first stops a run in progress (needs ≥ 2 levels)
 //! max_batch = 1            # most rows per engine run: > 1 batches waiting requests (dynamic first dim)
 //! max_queue_delay_us = 0   # how long a batch's first request may wait for more
 //! preferred_batch_sizes = [] # batch sizes to stop at (e.g. [4, 8])
@@ -181,6 +182,11 @@ pub struct ModelConfig {
     /// limit).
     #[serde(default)]
     pub queue_timeout_ms: u64,
+    /// Whether a request whose turn comes first (a higher priority) stops
+    /// a run in progress, which runs again at its own turn
+    /// ([`QueuePolicy::preempt`]; ONNX models, runs that are not batched).
+    #[serde(default)]
+    pub preempt: bool,
     /// The most rows (first-dimension entries) in one engine run; above 1,
     /// requests that wait are batched ([`crate::batcher`]).
     #[serde(default = "one")]
@@ -225,6 +231,7 @@ impl ModelConfig {
             default_priority: None,
             priority_aging_ms: thousand(),
             queue_timeout_ms: 0,
+            preempt: false,
             max_batch: 1,
             max_queue_delay_us: 0,
             preferred_batch_sizes: Vec::new(),
@@ -336,6 +343,7 @@ impl ModelConfig {
             default_timeout: (self.queue_timeout_ms != 0)
                 .then(|| Duration::from_millis(self.queue_timeout_ms)),
             timeout_override: true,
+            preempt: self.preempt,
         }
     }
 }

@@ -1279,9 +1279,17 @@ impl AgentCore {
         }
         let backend = &p.model.backend;
         let tenant = p.tenant().map(|t| &**t);
-        let result = p.model.queue.run_for(p.ask, tenant, tl, || {
-            std::panic::catch_unwind(AssertUnwindSafe(|| backend.run_into(inputs, outputs)))
-        });
+        let result = p.model.queue.run_preemptible(
+            p.ask,
+            tenant,
+            tl,
+            || {
+                std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    backend.run_into(inputs, &mut *outputs)
+                }))
+            },
+            crate::batcher::stopped,
+        );
         self.engine_result(p, result)
     }
 

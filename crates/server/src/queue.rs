@@ -151,6 +151,30 @@
 //! refused at once ([`Refused::TenantQueueFull`]). The uncontended path
 //! (one compare-and-swap) looks at no tenant.
 //!
+//! ## Preemption
+//!
+//! Without it a request waits for the runs in progress, however urgent:
+//! up to one whole run of the model. With [`QueuePolicy::preempt`], the
+//! runs in progress count as still in line at their turns: a request that
+//! joins the line while every run is taken, and whose turn comes before
+//! that of a run in progress, stops the run with the latest turn (one
+//! per newcomer, unless a run already being stopped will be free for
+//! it). The run ends within one operator ([`engine::RunStop`]: ONNX
+//! Runtime's terminate flag, on the run options of the thread that runs
+//! it); the newcomer is admitted at its turn as usual; the stopped request
+//! gives its run back unused and waits again at its old turn, with no
+//! deadline (it was admitted once) and not counted again for its tenant,
+//! and runs from the start when its turn comes. Only the order of turns
+//! decides, so aging still bounds starvation: a request of level `p` is
+//! stopped only by requests whose turns come before its own, those that
+//! would have gone first had it waited, so it is stopped at most once by
+//! each, and each stop costs it the work done so far. That work is lost
+//! for the model too: under a flood of higher levels the lower ones get
+//! less done ([`QueueStats::preempted`] counts the stops). Only runs
+//! through [`ModelQueue::run_preemptible`] are stopped: a request run
+//! alone; a batch's run is not. An engine that cannot stop (identity)
+//! finishes its run, and its result is kept.
+//!
 //! Dynamic batching uses the same line (see [`crate::batcher`]): a
 //! request that may share a run waits as a `Member`; when its turn comes
 //! it *leads*: holding the run, it takes the compatible members waiting
@@ -233,10 +257,16 @@ pub struct QueuePolicy {
     /// `default_timeout` when there is one); else requests' timeouts are
     /// ignored.
     pub timeout_override: bool,
+    /// Whether a request whose turn comes before that of a run in progress
+    /// stops that run (which then waits again at its own turn) rather than
+    /// wait for it to end (see "Preemption" in the module doc). Needs at
+    /// least two priority levels.
+    pub preempt: bool,
 }
 
 impl Default for QueuePolicy {
-    /// No queue limit, one priority level, aging 1 s, no timeout.
+    /// No queue limit, one priority level, aging 1 s, no timeout, no
+    /// preemption.
     fn default() -> Self {
         QueuePolicy {
             max_queue: 0,
@@ -245,6 +275,7 @@ impl Default for QueuePolicy {
             aging: Duration::from_secs(1),
             default_timeout: None,
             timeout_override: true,
+            preempt: false,
         }
     }
 }
@@ -272,6 +303,13 @@ impl QueuePolicy {
                 "default_priority must be 1..={} (the priority levels), not {}",
                 self.priority_levels, self.default_priority
             ));
+        }
+        if self.preempt && self.priority_levels < 2 {
+            return Err(
+                "preempt needs priority_levels of at least 2 (with one level no request's turn \
+                 comes before a run's)"
+                    .into(),
+            );
         }
         if self.aging.is_zero() || self.aging > Duration::from_secs(86_400) {
             return Err(format!(
@@ -533,6 +571,8 @@ pub struct ModelQueue {
     /// Requests refused for a full queue, and timed out in it.
     overloaded: AtomicU64,
     timed_out: AtomicU64,
+    /// Runs stopped for a request whose turn came first.
+    preempted: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -546,6 +586,22 @@ struct State {
     gathering: usize,
     /// The tenants' fair clock.
     fair: Fair,
+    /// Runs in progress that may be stopped (preempting queues only).
+    running: Vec<RunEntry>,
+    /// Their numbers.
+    next_run: u64,
+}
+
+/// A run in progress that a request whose turn comes first may stop.
+#[derive(Debug)]
+struct RunEntry {
+    id: u64,
+    /// Its request's turn (as in line).
+    turn: Instant,
+    /// Stops the engine run on the thread that runs it.
+    stop: Arc<engine::RunStop>,
+    /// Whether a waiter stopped it.
+    stopped: bool,
 }
 
 impl State {
@@ -895,6 +951,9 @@ pub struct QueueStats {
     pub overloaded: u64,
     /// Requests that waited their whole timeout.
     pub timed_out: u64,
+    /// Runs stopped for a request whose turn came first (each such request
+    /// ran again later).
+    pub preempted: u64,
 }
 
 impl ModelQueue {
@@ -934,6 +993,7 @@ impl ModelQueue {
             completed: AtomicU64::new(0),
             overloaded: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            preempted: AtomicU64::new(0),
         }
     }
 
@@ -1030,7 +1090,7 @@ impl ModelQueue {
         timeline.stamp(Stage::Queued);
         let waited = !self.try_admit_at_once();
         if waited {
-            self.admit_in_turn(ask, tenant, None)?;
+            self.admit_in_turn(ask, tenant, None, None)?;
         }
         // Released on every exit, including a panic inside `f`.
         let slot = RunSlot(self);
@@ -1047,6 +1107,162 @@ impl ModelQueue {
         let r = f();
         timeline.stamp(Stage::ComputeEnd);
         Ok(r)
+    }
+
+    /// [`run_for`](Self::run_for) for a run that may be stopped. When the
+    /// policy preempts ([`QueuePolicy::preempt`]), a request
+    /// whose turn comes before this one's stops it while it runs: `f` then
+    /// ends early with a result `stopped` recognizes, the run is given to
+    /// the earlier turn, and this request waits again at its own turn and
+    /// calls `f` anew when that comes (see "Preemption" in the module doc).
+    /// The run is stopped through this thread's [`engine::RunStop`]; an
+    /// engine that cannot stop finishes its run, and a run that finished
+    /// although it was asked to stop keeps its result.
+    /// Otherwise this is exactly `run_for`. `Queued` is stamped once;
+    /// `ComputeStart` at the admission of the run that counts, so time
+    /// lost to a stopped run shows as queueing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use server::queue::{Ask, ModelQueue, QueuePolicy};
+    /// let p = QueuePolicy { priority_levels: 2, preempt: true, ..QueuePolicy::default() };
+    /// let q = ModelQueue::with_policy(1, p);
+    /// let mut tl = wire::Timeline::default();
+    /// let r = q.run_preemptible(Ask::default(), None, &mut tl, || Ok::<_, ()>(7), |r| r.is_err())?;
+    /// assert_eq!(r, Ok(7));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_preemptible<R>(
+        &self,
+        ask: Ask,
+        tenant: Option<&Tenant>,
+        timeline: &mut Timeline,
+        mut f: impl FnMut() -> R,
+        stopped: impl Fn(&R) -> bool,
+    ) -> Result<R, Refused> {
+        if !self.policy.preempt {
+            return self.run_for(ask, tenant, timeline, f);
+        }
+        let stop = engine::RunStop::for_this_thread();
+        let levels = self.policy.priority_levels;
+        if ask.priority > levels {
+            return Err(Refused::BadPriority {
+                asked: ask.priority,
+                levels,
+            });
+        }
+        timeline.stamp(Stage::Queued);
+        let mut rejoin = None;
+        loop {
+            let (turn, waited) = match rejoin {
+                None if self.try_admit_at_once() => (self.turn_on_arrival(ask), false),
+                None => (
+                    self.admitted(self.admit_in_turn(ask, tenant, None, None)?),
+                    true,
+                ),
+                Some(turn) => {
+                    let again = self.admit_in_turn(ask, None, None, Some(turn))?;
+                    (self.admitted(again), true)
+                }
+            };
+            let slot = RunSlot(self);
+            if waited && caller_gone() {
+                slot.unused();
+                return Err(Refused::CallerGone);
+            }
+            let Some(run) = self.start_running(turn, &stop) else {
+                // A request whose turn comes first joined the line while
+                // this one was being admitted: it goes first.
+                self.preempted.fetch_add(1, Ordering::Relaxed);
+                slot.unused();
+                rejoin = Some(turn);
+                continue;
+            };
+            timeline.stamp(Stage::ComputeStart);
+            let r = f();
+            if run.finish() && stopped(&r) {
+                self.preempted.fetch_add(1, Ordering::Relaxed);
+                drop(r);
+                slot.unused();
+                rejoin = Some(turn);
+                continue;
+            }
+            timeline.stamp(Stage::ComputeEnd);
+            return Ok(r);
+        }
+    }
+
+    /// The turn of a request admitted at once (no tenant's fair start is
+    /// taken on that path: it starts when it arrives).
+    fn turn_on_arrival(&self, ask: Ask) -> Instant {
+        let p = &self.policy;
+        let level = if ask.priority == 0 {
+            p.default_priority
+        } else {
+            ask.priority
+        };
+        let now = Instant::now();
+        let behind = p.aging.saturating_mul(u32::from(level.saturating_sub(1)));
+        now.checked_add(behind).unwrap_or(now)
+    }
+
+    /// The turn `admit_in_turn` admitted a request at (one that is not a
+    /// member always is admitted when it returns `Ok`).
+    fn admitted(&self, turn: Option<Instant>) -> Instant {
+        turn.unwrap_or_else(Instant::now)
+    }
+
+    /// Registers the run about to start at `turn` so that waiters may stop
+    /// it; `None` if a waiter whose turn comes first already waits for a
+    /// run (it joined after this request's admission, before this
+    /// registration, so it could not stop it).
+    fn start_running(&self, turn: Instant, stop: &Arc<engine::RunStop>) -> Option<Running<'_>> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let stopping = s.running.iter().filter(|r| r.stopped).count();
+        let before = s.waiters.iter().filter(|w| w.turn < turn).count();
+        if before > stopping {
+            return None;
+        }
+        let id = s.next_run;
+        s.next_run += 1;
+        stop.clear();
+        s.running.push(RunEntry {
+            id,
+            turn,
+            stop: stop.clone(),
+            stopped: false,
+        });
+        Some(Running {
+            queue: self,
+            id,
+            stop: stop.clone(),
+            done: false,
+        })
+    }
+
+    /// A request whose turn is `turn` has just joined the line (the lock
+    /// is held): if every run is taken, none is being stopped for the
+    /// waiters ahead of it, and a run in progress has a later turn, stops
+    /// the one with the latest turn.
+    fn preempt_for(&self, s: &mut State, turn: Instant) {
+        if ((self.word.load(Ordering::Acquire) & RUNNING_MASK) as usize) < self.concurrency {
+            return; // a run is free
+        }
+        let stopping = s.running.iter().filter(|r| r.stopped).count();
+        let before = s.waiters.iter().filter(|w| w.turn < turn).count();
+        if stopping > before {
+            return; // a run being stopped will be free for it
+        }
+        let latest = s
+            .running
+            .iter_mut()
+            .filter(|r| !r.stopped && r.turn > turn)
+            .max_by_key(|r| r.turn);
+        if let Some(r) = latest {
+            r.stopped = true;
+            r.stop.stop();
+        }
     }
 
     /// Waits in line as a request that may share a run (`member`): returns
@@ -1068,7 +1284,11 @@ impl ModelQueue {
                 levels,
             });
         }
-        if self.try_admit_at_once() || self.admit_in_turn(ask, tenant, Some(member))? {
+        if self.try_admit_at_once()
+            || self
+                .admit_in_turn(ask, tenant, Some(member), None)?
+                .is_some()
+        {
             Ok(Turn::Lead(RunSlot(self)))
         } else {
             Ok(Turn::Taken)
@@ -1265,20 +1485,24 @@ impl ModelQueue {
     }
 
     /// Waits in line until this request is the policy's best waiter and a
-    /// run is free, then takes the run (`Ok(true)`); or, for a `member`,
-    /// until a leader takes it along (`Ok(false)`); or leaves the line
-    /// refused.
+    /// run is free, then takes the run (`Ok(Some(its turn))`); or, for a
+    /// `member`, until a leader takes it along (`Ok(None)`); or leaves the
+    /// line refused.
     /// A request of `tenant` waits at its fair start, counted in the
-    /// tenant's `queued` until it leaves the line.
+    /// tenant's `queued` until it leaves the line. A request whose run was
+    /// stopped waits again at its old turn (`rejoin`): it is not refused
+    /// for a full queue, has no deadline and is not counted again for its
+    /// tenant (the caller passes no tenant).
     fn admit_in_turn(
         &self,
         ask: Ask,
         tenant: Option<&Tenant>,
         member: Option<&Arc<Member>>,
-    ) -> Result<bool, Refused> {
+        rejoin: Option<Instant>,
+    ) -> Result<Option<Instant>, Refused> {
         let p = &self.policy;
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if p.max_queue != 0 && s.waiters.len() >= p.max_queue {
+        if rejoin.is_none() && p.max_queue != 0 && s.waiters.len() >= p.max_queue {
             self.overloaded.fetch_add(1, Ordering::Relaxed);
             return Err(Refused::Overloaded {
                 max_queue: p.max_queue,
@@ -1302,6 +1526,7 @@ impl ModelQueue {
             ask.timeout.filter(|_| p.timeout_override),
             p.default_timeout,
         ) {
+            _ if rejoin.is_some() => None,
             (Some(own), Some(cap)) => Some(own.min(cap)),
             (own, default) => own.or(default),
         };
@@ -1314,9 +1539,10 @@ impl ModelQueue {
             None => arrived,
             Some(t) => s.fair.join(t, seq, level, arrived, p.aging),
         };
+        let turn = rejoin.unwrap_or_else(|| start.checked_add(behind).unwrap_or(start));
         let me = Waiter {
             seq,
-            turn: start.checked_add(behind).unwrap_or(start),
+            turn,
             deadline: timeout.and_then(|t| arrived.checked_add(t)),
             member: member.cloned(),
             wake: wake.clone(),
@@ -1327,6 +1553,9 @@ impl ModelQueue {
             s.fair.line_since = Some(arrived);
         }
         s.waiters.push(me);
+        if p.preempt {
+            self.preempt_for(&mut s, turn);
+        }
         if member.is_some() && s.gathering > 0 {
             // A leader waiting for members may take this one.
             self.gather.notify_all();
@@ -1337,7 +1566,7 @@ impl ModelQueue {
                 // Its leader removed it from the line and the count. A
                 // wake meant for it (a run freed) passes on.
                 self.wake_best(&s);
-                return Ok(false);
+                return Ok(None);
             }
             let now = Instant::now();
             // Admission first: a request that is next and finds a free run
@@ -1400,7 +1629,7 @@ impl ModelQueue {
         s.fair.granted(admitted_at, others_wait, self.concurrency);
         // The next waiter may be admissible too (concurrency > 1).
         self.wake_best(&s);
-        Ok(true)
+        Ok(Some(turn))
     }
 
     /// Tells the agent's worker pool that this thread is about to wait
@@ -1450,6 +1679,44 @@ impl ModelQueue {
             completed: self.completed.load(Ordering::Relaxed),
             overloaded: self.overloaded.load(Ordering::Relaxed),
             timed_out: self.timed_out.load(Ordering::Relaxed),
+            preempted: self.preempted.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A run registered in [`State::running`] until it finishes (also on a
+/// panic): then nobody can stop it any more, and its thread's stop flag is
+/// cleared for the next run.
+struct Running<'a> {
+    queue: &'a ModelQueue,
+    id: u64,
+    stop: Arc<engine::RunStop>,
+    done: bool,
+}
+
+impl Running<'_> {
+    /// Ends the registration; whether a waiter stopped the run.
+    fn finish(mut self) -> bool {
+        let stopped = self.unregister();
+        self.done = true;
+        stopped
+    }
+
+    fn unregister(&self) -> bool {
+        let mut s = self.queue.state.lock().unwrap_or_else(|e| e.into_inner());
+        let at = s.running.iter().position(|r| r.id == self.id);
+        let stopped = at.is_some_and(|i| s.running.swap_remove(i).stopped);
+        drop(s);
+        // Nobody can stop it any more: the next run starts clear.
+        self.stop.clear();
+        stopped
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.unregister();
         }
     }
 }
@@ -2445,5 +2712,124 @@ mod tests {
             ..QueuePolicy::default()
         })
         .contains("a day"));
+        assert!(bad(QueuePolicy {
+            preempt: true,
+            ..QueuePolicy::default()
+        })
+        .contains("preempt needs priority_levels"));
+    }
+
+    /// What a run started by [`stoppable`] does with a stop.
+    #[derive(Clone, Copy, PartialEq)]
+    enum OnStop {
+        /// Ends at once, answering `Err` (as ONNX Runtime does).
+        End,
+        /// Goes on until released (an engine that cannot stop).
+        Ignore,
+    }
+
+    /// Starts a preemptible request asking `ask` whose run records `tag`
+    /// each time it starts, then works until `release` is set (answering
+    /// `Ok(tag)`) or, as `on_stop` says, its thread's run is stopped.
+    fn stoppable(
+        q: &Arc<ModelQueue>,
+        ask: Ask,
+        tag: &'static str,
+        order: &Arc<Mutex<Vec<&'static str>>>,
+        release: &Arc<std::sync::atomic::AtomicBool>,
+        on_stop: OnStop,
+    ) -> std::thread::JoinHandle<Result<Result<&'static str, ()>, Refused>> {
+        let (q, order, release) = (q.clone(), order.clone(), release.clone());
+        std::thread::spawn(move || {
+            let run = || {
+                order.lock().unwrap().push(tag);
+                loop {
+                    let stopped = engine::RunStop::this_thread().is_some_and(|s| s.is_stopped());
+                    if stopped && on_stop == OnStop::End {
+                        return Err(());
+                    }
+                    if release.load(Ordering::SeqCst) {
+                        return Ok(tag);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            q.run_preemptible(ask, None, &mut Timeline::default(), run, |r| r.is_err())
+        })
+    }
+
+    fn preempting(aging: Duration) -> QueuePolicy {
+        QueuePolicy {
+            priority_levels: 2,
+            default_priority: 2,
+            aging,
+            preempt: true,
+            ..QueuePolicy::default()
+        }
+    }
+
+    /// A low-priority run in progress, then a high-priority request: the
+    /// order the runs started in, and the queue's counters once both ended.
+    fn low_then_high(policy: QueuePolicy, low_on_stop: OnStop) -> (Vec<&'static str>, QueueStats) {
+        let q = Arc::new(ModelQueue::with_policy(1, policy));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (go_low, go_high) = (Arc::default(), Arc::new(true.into()));
+        let low = stoppable(&q, at(2), "low", &order, &go_low, low_on_stop);
+        wait_stats(&q, |s| s.running == 1);
+        std::thread::sleep(Duration::from_millis(20));
+        let high = stoppable(&q, at(1), "high", &order, &go_high, OnStop::End);
+        // The high one ends first when it stops the low one; else it waits.
+        let t0 = Instant::now();
+        while order.lock().unwrap().len() < 2 && t0.elapsed() < Duration::from_millis(300) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        go_low.store(true, Ordering::SeqCst);
+        assert_eq!(high.join().unwrap(), Ok(Ok("high")));
+        assert_eq!(low.join().unwrap(), Ok(Ok("low")));
+        let order = order.lock().unwrap().clone();
+        (order, q.stats())
+    }
+
+    #[test]
+    fn a_request_whose_turn_comes_first_stops_the_run_in_progress() {
+        let (order, stats) = low_then_high(preempting(Duration::from_secs(3600)), OnStop::End);
+        assert_eq!(
+            order,
+            ["low", "high", "low"],
+            "stopped, then run again after"
+        );
+        assert_eq!((stats.preempted, stats.completed), (1, 2));
+        assert_eq!((stats.running, stats.waiting), (0, 0));
+    }
+
+    #[test]
+    fn without_preempt_or_with_an_earlier_turn_the_run_goes_on() {
+        let plain = QueuePolicy {
+            preempt: false,
+            ..preempting(Duration::from_secs(3600))
+        };
+        let (order, stats) = low_then_high(plain, OnStop::End);
+        assert_eq!((order, stats.preempted), (vec!["low", "high"], 0));
+        // Aging 1 ms: 20 ms after it came, the low request's turn is ahead
+        // of the newcomer's, so it is not stopped.
+        let (order, stats) = low_then_high(preempting(Duration::from_millis(1)), OnStop::End);
+        assert_eq!((order, stats.preempted), (vec!["low", "high"], 0));
+    }
+
+    #[test]
+    fn a_run_that_finishes_although_stopped_keeps_its_result() {
+        let (order, stats) = low_then_high(preempting(Duration::from_secs(3600)), OnStop::Ignore);
+        assert_eq!(order, ["low", "high"]);
+        assert_eq!((stats.preempted, stats.completed), (0, 2));
+        // Its thread's flag was cleared: a next run there is not stopped.
+        let q = ModelQueue::with_policy(1, preempting(Duration::from_secs(1)));
+        let r = q.run_preemptible(
+            at(2),
+            None,
+            &mut Timeline::default(),
+            || engine::RunStop::this_thread().map(|s| s.is_stopped()),
+            |_| false,
+        );
+        assert_eq!(r, Ok(Some(false)));
     }
 }
