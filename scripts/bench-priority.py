@@ -3,27 +3,32 @@
 low-priority clients keep the model busy (docs/BENCHMARKS.md, "Priorities
 at overload").
 
-One agent (`tensorwire serve --config`, release build) serves MobileNetV2
-on a Unix socket with `priority_levels = 2` (requests that name no level
-get the lowest, 2). A *probe* process sends requests one at a time with a
-short pause between them and times each (`time.perf_counter_ns` around
-`m.infer`); *load* processes each send low-priority requests back to back
-(closed loop), more of them than the model can serve, so its queue never
-empties. Each round measures three phases, in an order rotated by the
-round's number:
+Two agents (`tensorwire serve --config`, release build) serve MobileNetV2
+on Unix sockets with `priority_levels = 2` (requests that name no level
+get the lowest, 2), one run at a time: `wait` lets a high-priority request
+wait for the run in progress, `preempt` (`preempt = true`) stops that run
+for it (the stopped request runs again at its turn). A *probe* process
+sends requests one at a time with a short pause between them and times
+each (`time.perf_counter_ns` around `m.infer`); *load* processes each send
+low-priority requests back to back (closed loop), more of them than the
+model can serve, so its queue never empties. Each round measures five
+phases, in an order rotated by the round's number:
 
-- `unloaded`: the probe alone, priority 1 (its floor: compute + path);
-- `loaded, priority 1`: the probe at priority 1 while the load runs;
-- `loaded, priority 2`: the probe at the load's own level (what it would
-  wait without priorities: first come, first served behind the load).
+- `unloaded` (each agent): the probe alone, priority 1 (its floor:
+  compute + path);
+- `loaded, priority 1` (each agent): the probe at priority 1 while the
+  load runs;
+- `loaded, priority 2` (`wait` agent): the probe at the load's own level
+  (what it would wait without priorities: first come, first served behind
+  the load).
 
 Per phase: p50 and p99 of the probe's calls (median over rounds
-[min–max]), and p99 over the unloaded p99 of the same round. The target
-(issue 15): high-priority p99 at overload within 1.5× of its unloaded p99.
-The model runs one request at a time (one engine instance), so a
-high-priority request still waits for the run in progress: up to one
-compute time, which is the floor of what priorities can do without
-preemption.
+[min–max]), p99 over the unloaded p99 of the same round and agent, and the
+load's throughput meanwhile (what the low level got; with `preempt` it
+loses the stopped runs' partial work). The target (issue 15):
+high-priority p99 at overload within 1.5× of its unloaded p99. Without
+preemption a high-priority request still waits for the run in progress
+(up to one compute time).
 
   .venv/bin/python scripts/bench-priority.py --bin target/release/tensorwire \\
       --rounds 5 --out docs/bench/priority
@@ -45,7 +50,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MODEL = os.path.join(ROOT, "models", "build", "mobilenetv2.onnx")
-PHASES = ("unloaded", "loaded, priority 1", "loaded, priority 2")
+AGENTS = ("wait", "preempt")
+PHASES = (
+    ("wait", "unloaded"),
+    ("wait", "loaded, priority 1"),
+    ("wait", "loaded, priority 2"),
+    ("preempt", "unloaded"),
+    ("preempt", "loaded, priority 1"),
+)
 
 
 def _load(name, path):
@@ -65,8 +77,9 @@ def inputs(m):
     return [np.zeros([d if d else 1 for d in t.shape], dtype=t.dtype) for t in m.inputs]
 
 
-def load_worker(uri, stop):
-    """A low-priority client: back-to-back requests until `stop` is set."""
+def load_worker(uri, stop, counting, done):
+    """A low-priority client: back-to-back requests until `stop` is set;
+    counts the answers that arrive while `counting` is set into `done`."""
     import tensorwire as tw
 
     c = tw.connect(uri)
@@ -75,6 +88,9 @@ def load_worker(uri, stop):
     while not stop.is_set():
         try:
             m.infer(x, priority=2)
+            if counting.is_set():
+                with done.get_lock():
+                    done.value += 1
         except tw.TensorwireError:
             time.sleep(0.001)
     c.close()
@@ -111,36 +127,46 @@ def main():
     ap.add_argument("-n", type=int, default=200, help="probe calls per phase")
     ap.add_argument("--load", type=int, default=4, help="low-priority load processes")
     ap.add_argument("--pause-ms", type=float, default=2.0, help="probe's pause between calls")
+    ap.add_argument("--intra-threads", type=int, default=2, help="the agents' ONNX Runtime intra-op threads")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.rounds < 1 or a.n < 10 or a.load < 1:
         ap.error("--rounds ≥ 1, -n ≥ 10, --load ≥ 1")
     command = shlex.join([sys.executable, *sys.argv])
     work = tempfile.mkdtemp(prefix="twprio")
-    sock = os.path.join(work, "a.sock")
-    cfg = os.path.join(work, "agent.toml")
-    with open(cfg, "w") as f:
-        f.write(f'listen = ["unix://{sock}"]\n\n[[model]]\nname = "mobilenet"\npath = "{MODEL}"\n'
-                "priority_levels = 2\n")
-    agent = subprocess.Popen([a.bin, "serve", "--config", cfg], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    procs, uris = [], {}
     ctx = mp.get_context("spawn")
     results = {p: [] for p in PHASES}
+    load_rps = {p: [] for p in PHASES}
     try:
-        line = agent.stdout.readline()
-        if not line.startswith("listening on "):
-            sys.exit(f"the agent did not start: {line!r}")
-        uri = line.split()[-1]
+        for name in AGENTS:
+            sock = os.path.join(work, f"{name}.sock")
+            cfg = os.path.join(work, f"{name}.toml")
+            with open(cfg, "w") as f:
+                f.write(f'listen = ["unix://{sock}"]\nintra_threads = {a.intra_threads}\n\n[[model]]\nname = "mobilenet"\npath = "{MODEL}"\n'
+                        f"priority_levels = 2\npreempt = {'true' if name == 'preempt' else 'false'}\n")
+            agent = subprocess.Popen([a.bin, "serve", "--config", cfg], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+            procs.append(agent)
+            line = agent.stdout.readline()
+            if not line.startswith("listening on "):
+                sys.exit(f"the {name} agent did not start: {line!r}")
+            uris[name] = line.split()[-1]
         for r in range(a.rounds):
             k = r % len(PHASES)
-            for phase in PHASES[k:] + PHASES[:k]:
-                stop = ctx.Event()
+            for key in PHASES[k:] + PHASES[:k]:
+                name, phase = key
+                uri = uris[name]
+                stop, counting, done = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
                 loaders = []
                 if phase != "unloaded":
-                    loaders = [ctx.Process(target=load_worker, args=(uri, stop)) for _ in range(a.load)]
+                    loaders = [ctx.Process(target=load_worker, args=(uri, stop, counting, done))
+                               for _ in range(a.load)]
                     for p in loaders:
                         p.start()
                     time.sleep(1.0)  # the queue fills
+                counting.set()
+                began = time.perf_counter()
                 out = ctx.Queue()
                 prio = 2 if phase.endswith("priority 2") else 1
                 pr = ctx.Process(target=probe, args=(uri, prio, a.n, a.pause_ms / 1e3, out))
@@ -153,31 +179,38 @@ def main():
                         if not pr.is_alive():
                             stop.set()
                             sys.exit(f"the probe process failed (exit code {pr.exitcode})")
+                counting.clear()
+                load_rps[key].append(done.value / (time.perf_counter() - began))
                 pr.join()
                 stop.set()
                 for p in loaders:
                     p.join(timeout=60)
-                results[phase].append(t)
+                results[key].append(t)
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(timeout=60)
+        for agent in procs:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=60)
 
-    lines = ["| phase | probe p50 µs | probe p99 µs | p99 / unloaded p99, per round |", "|---|---|---|---|"]
+    lines = ["| agent | phase | probe p50 µs | probe p99 µs | p99 / unloaded p99, per round | load req/s |",
+             "|---|---|---|---|---|---|"]
     summary = {}
-    for phase in PHASES:
-        p50 = [pct(t, 0.5) for t in results[phase]]
-        p99 = [pct(t, 0.99) for t in results[phase]]
-        ratio = [x / pct(u, 0.99) for x, u in zip(p99, results["unloaded"])]
-        summary[phase] = {"p50_us": p50, "p99_us": p99, "p99_ratio": ratio}
-        med = statistics.median
-        lines.append(f"| {phase} | {med(p50):.0f} [{min(p50):.0f}–{max(p50):.0f}] | "
+    med = statistics.median
+    for key in PHASES:
+        name, phase = key
+        p50 = [pct(t, 0.5) for t in results[key]]
+        p99 = [pct(t, 0.99) for t in results[key]]
+        ratio = [x / pct(u, 0.99) for x, u in zip(p99, results[(name, "unloaded")])]
+        rps = load_rps[key]
+        summary[f"{name}: {phase}"] = {"p50_us": p50, "p99_us": p99, "p99_ratio": ratio, "load_rps": rps}
+        load = f"{med(rps):.0f} [{min(rps):.0f}–{max(rps):.0f}]" if phase != "unloaded" else "—"
+        lines.append(f"| {name} | {phase} | {med(p50):.0f} [{min(p50):.0f}–{max(p50):.0f}] | "
                      f"{med(p99):.0f} [{min(p99):.0f}–{max(p99):.0f}] | "
-                     f"{med(ratio):.2f}× [{min(ratio):.2f}–{max(ratio):.2f}] |")
+                     f"{med(ratio):.2f}× [{min(ratio):.2f}–{max(ratio):.2f}] | {load} |")
     print(command, file=sys.stderr)
     write_results(a.out, "\n".join(lines), {
         "command": command, "rounds": a.rounds, "n": a.n, "load": a.load, "pause_ms": a.pause_ms,
-        "summary": summary, "times_us": results,
+        "summary": summary, "times_us": {f"{n}: {p}": t for (n, p), t in results.items()},
     })
 
 
