@@ -127,6 +127,7 @@ def main():
     ap.add_argument("-n", type=int, default=200, help="probe calls per phase")
     ap.add_argument("--load", type=int, default=4, help="low-priority load processes")
     ap.add_argument("--pause-ms", type=float, default=2.0, help="probe's pause between calls")
+    ap.add_argument("--transport", choices=("unix", "shm"), default="unix")
     ap.add_argument("--intra-threads", type=int, default=2, help="the agents' ONNX Runtime intra-op threads")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -141,9 +142,10 @@ def main():
     try:
         for name in AGENTS:
             sock = os.path.join(work, f"{name}.sock")
+            listen = f"unix://{sock}" if a.transport == "unix" else f"shm://twprio-{os.getpid()}-{name}"
             cfg = os.path.join(work, f"{name}.toml")
             with open(cfg, "w") as f:
-                f.write(f'listen = ["unix://{sock}"]\nintra_threads = {a.intra_threads}\n\n[[model]]\nname = "mobilenet"\npath = "{MODEL}"\n'
+                f.write(f'listen = ["{listen}"]\nintra_threads = {a.intra_threads}\n\n[[model]]\nname = "mobilenet"\npath = "{MODEL}"\n'
                         f"priority_levels = 2\npreempt = {'true' if name == 'preempt' else 'false'}\n")
             agent = subprocess.Popen([a.bin, "serve", "--config", cfg], stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
