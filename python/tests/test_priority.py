@@ -3,8 +3,10 @@
 whose digits model has two levels (TOML `priority_levels = 2`): a level the
 model does not have raises InvalidInput naming it, the levels it has give
 the same outputs, and bad arguments raise ValueError (or TypeError) before
-anything is sent. (How the agent orders and bounds its queue is tested in
-Rust: tests/queue_policy.rs, crates/server/src/queue.rs.)"""
+anything is sent; with ``preempt`` a high-priority request stops a slow
+run in progress and is answered first. (How the agent orders and bounds
+its queue is tested in Rust: tests/queue_policy.rs,
+crates/server/src/queue.rs.)"""
 
 from __future__ import annotations
 
@@ -181,3 +183,35 @@ def test_the_cli_says_what_python_raises(served_config, tmp_path):
     )
     assert cli.returncode != 0
     assert str(e.value) in cli.stderr, (str(e.value), cli.stderr)
+
+
+@pytest.mark.parametrize("preempt", [True, False])
+def test_preempt_lets_a_high_priority_request_finish_before_the_run_it_stopped(preempt, tmp_path):
+    """slow_echo (100-300 ms a run) with two levels: a level-1 request sent
+    while a level-2 run is in progress. With ``preempt`` it stops that run and
+    is answered first (the low one runs again and is still answered its own
+    echo); without, the low one, which started first, finishes first."""
+    import threading
+
+    sock = str(tmp_path / "agent.sock")
+    settings = {"path": str(BUILD / "slow_echo.onnx"), "priority_levels": 2, "preempt": preempt}
+    finished = []
+    with tw.Agent(models={"slow_echo": settings}, listen=[f"unix://{sock}"], intra_threads=1) as agent:
+        with tw.connect(f"unix://{sock}") as low_client, tw.connect(f"unix://{sock}") as high_client:
+            out = {}
+
+            def call(client, name, x, priority):
+                out[name] = client.model("slow_echo").infer({"x": x}, priority=priority)["y"].tolist()
+                finished.append(name)
+
+            low = threading.Thread(target=call, args=(low_client, "low", np.arange(4, dtype=np.float32), 2))
+            low.start()
+            deadline = time.monotonic() + 10
+            while agent.stats()["in_flight"] < 1:  # the low request has arrived: it runs
+                assert time.monotonic() < deadline, "the low request never arrived"
+                time.sleep(0.001)
+            time.sleep(0.02)
+            call(high_client, "high", np.ones(1, np.float32), 1)
+            low.join(timeout=30)
+    assert out == {"low": [0.0, 1.0, 2.0, 3.0], "high": [1.0]}
+    assert finished == (["high", "low"] if preempt else ["low", "high"])
