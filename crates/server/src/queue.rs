@@ -1080,13 +1080,7 @@ impl ModelQueue {
         timeline: &mut Timeline,
         f: impl FnOnce() -> R,
     ) -> Result<R, Refused> {
-        let levels = self.policy.priority_levels;
-        if ask.priority > levels {
-            return Err(Refused::BadPriority {
-                asked: ask.priority,
-                levels,
-            });
-        }
+        self.check_level(ask)?;
         timeline.stamp(Stage::Queued);
         let waited = !self.try_admit_at_once();
         if waited {
@@ -1145,13 +1139,7 @@ impl ModelQueue {
             return self.run_for(ask, tenant, timeline, f);
         }
         let stop = engine::RunStop::for_this_thread();
-        let levels = self.policy.priority_levels;
-        if ask.priority > levels {
-            return Err(Refused::BadPriority {
-                asked: ask.priority,
-                levels,
-            });
-        }
+        self.check_level(ask)?;
         timeline.stamp(Stage::Queued);
         let mut rejoin = None;
         loop {
@@ -1196,15 +1184,39 @@ impl ModelQueue {
     /// The turn of a request admitted at once (no tenant's fair start is
     /// taken on that path: it starts when it arrives).
     fn turn_on_arrival(&self, ask: Ask) -> Instant {
-        let p = &self.policy;
-        let level = if ask.priority == 0 {
-            p.default_priority
+        let now = Instant::now();
+        now.checked_add(self.behind(ask)).unwrap_or(now)
+    }
+
+    /// A level the model does not have is refused before the request waits.
+    fn check_level(&self, ask: Ask) -> Result<(), Refused> {
+        let levels = self.policy.priority_levels;
+        if ask.priority > levels {
+            return Err(Refused::BadPriority {
+                asked: ask.priority,
+                levels,
+            });
+        }
+        Ok(())
+    }
+
+    /// How far behind its start a request's turn is: `(level - 1) × aging`
+    /// (level 0 is the policy's default level). At most 254 days (levels ≤
+    /// 255, aging ≤ a day): no overflow.
+    fn behind(&self, ask: Ask) -> Duration {
+        let level = self.level_of(ask);
+        self.policy
+            .aging
+            .saturating_mul(u32::from(level.saturating_sub(1)))
+    }
+
+    /// The request's level: its own, or the policy's default for 0.
+    fn level_of(&self, ask: Ask) -> u8 {
+        if ask.priority == 0 {
+            self.policy.default_priority
         } else {
             ask.priority
-        };
-        let now = Instant::now();
-        let behind = p.aging.saturating_mul(u32::from(level.saturating_sub(1)));
-        now.checked_add(behind).unwrap_or(now)
+        }
     }
 
     /// The turn `admit_in_turn` admitted a request at (one that is not a
@@ -1277,13 +1289,7 @@ impl ModelQueue {
         tenant: Option<&Tenant>,
         member: &Arc<Member>,
     ) -> Result<Turn<'_>, Refused> {
-        let levels = self.policy.priority_levels;
-        if ask.priority > levels {
-            return Err(Refused::BadPriority {
-                asked: ask.priority,
-                levels,
-            });
-        }
+        self.check_level(ask)?;
         if self.try_admit_at_once()
             || self
                 .admit_in_turn(ask, tenant, Some(member), None)?
@@ -1424,13 +1430,7 @@ impl ModelQueue {
         ask: Ask,
         tenant: Option<&Tenant>,
     ) -> Result<(), Refused> {
-        let levels = self.policy.priority_levels;
-        if ask.priority > levels {
-            return Err(Refused::BadPriority {
-                asked: ask.priority,
-                levels,
-            });
-        }
+        self.check_level(ask)?;
         let max = self.policy.max_queue;
         if max != 0 && (self.word.load(Ordering::Relaxed) >> 32) as usize >= max {
             self.overloaded.fetch_add(1, Ordering::Relaxed);
@@ -1515,13 +1515,7 @@ impl ModelQueue {
         // From here the fast path is closed (the waiting count is not 0).
         self.word.fetch_add(WAITING_ONE, Ordering::Relaxed);
         let arrived = Instant::now();
-        let level = if ask.priority == 0 {
-            p.default_priority
-        } else {
-            ask.priority
-        };
-        // At most 254 days (levels ≤ 255, aging ≤ a day): no overflow.
-        let behind = p.aging.saturating_mul(u32::from(level.saturating_sub(1)));
+        let behind = self.behind(ask);
         let timeout = match (
             ask.timeout.filter(|_| p.timeout_override),
             p.default_timeout,
@@ -1537,7 +1531,7 @@ impl ModelQueue {
         let seq = s.next_seq;
         let start = match tenant {
             None => arrived,
-            Some(t) => s.fair.join(t, seq, level, arrived, p.aging),
+            Some(t) => s.fair.join(t, seq, self.level_of(ask), arrived, p.aging),
         };
         let turn = rejoin.unwrap_or_else(|| start.checked_add(behind).unwrap_or(start));
         let me = Waiter {
