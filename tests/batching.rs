@@ -142,55 +142,94 @@ fn batched_results_equal_unbatched_ones_on_every_transport() {
     });
 }
 
+/// A `tensorwire infer` process sending one row of the digits input to
+/// `batched` over `uri`.
+fn client_process(uri: &str, sample: &std::path::Path) -> std::process::Child {
+    tensorwire_command()
+        .args(["infer", "--connect", uri, "--model", "batched", "--input"])
+        .arg(format!("x={}", sample.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn a tensorwire client")
+}
+
+/// Joins `calls` (rows `parts` of the digits input) and checks each got its
+/// own rows' logits.
+fn check_answers(what: &str, parts: &[std::ops::Range<usize>], calls: Vec<Call>) {
+    let expected = digits_expected();
+    for (r, h) in parts.iter().zip(calls) {
+        let got = logits(&h.join().expect("caller").expect("a live member"));
+        assert_eq!(got.len(), r.len() * 10, "{what}");
+        for (g, e) in got.iter().zip(&expected[r.start * 10..r.end * 10]) {
+            assert!((g - e).abs() <= 1e-3, "{what}: {g} vs {e}");
+        }
+    }
+}
+
 #[test]
-fn a_client_killed_while_its_request_waits_in_a_batch_costs_the_others_nothing() {
+fn a_client_killed_while_its_request_waits_in_a_batch_is_left_out_of_the_run() {
     within(LIMIT, "killed batch member", || {
         let (agent, uris, dir) = agent(4);
         let model = agent.core().registry.find("batched").expect("batched");
         // The client process's input: row 3 of the digits input.
         let sample = dir.path().join("x.npy");
         npy::write_npy(&sample, DType::F32, &[1, 64], &rows(3..4)).expect("write x.npy");
-        for (what, uri) in uris.iter().filter(|(w, _)| *w != "inproc") {
-            let before = stats(&agent);
-            // A client process sends one row; its request leads a batch
-            // and waits for three more rows.
-            let mut kid = tensorwire_command()
-                .args(["infer", "--connect", uri, "--model", "batched", "--input"])
-                .arg(format!("x={}", sample.display()))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn a tensorwire client");
-            common::wait_until(
-                Duration::from_secs(30),
-                "the client's request waits",
-                || model.queue.stats().running == 1,
-            );
+        let kill = |mut kid: std::process::Child| {
             kid.kill().expect("SIGKILL the client");
             kid.wait().expect("reap the client");
-            // Its request still fills its batch: the others' three rows
-            // complete it, and they get their own answers.
+        };
+        for (what, uri) in uris.iter().filter(|(w, _)| *w != "inproc") {
+            // 1. The killed client's request leads a batch and waits for
+            // three more rows; the others' three rows fill it. It is left
+            // out of the run; they get their own answers.
+            let before = stats(&agent);
+            let kid = client_process(uri, &sample);
+            common::wait_until(Duration::from_secs(30), "the leader waits", || {
+                model.queue.stats().running == 1
+            });
+            kill(kid);
             let parts = [0..1, 1..3];
-            let calls = send_batched(uri, &parts);
-            let expected = digits_expected();
-            for (r, h) in parts.iter().zip(calls) {
-                let got = logits(&h.join().expect("caller").expect("a live member"));
-                for (g, e) in got.iter().zip(&expected[r.start * 10..r.end * 10]) {
-                    assert!((g - e).abs() <= 1e-3, "{what}: {g} vs {e}");
-                }
-            }
+            check_answers(what, &parts, send_batched(uri, &parts));
             let after = stats(&agent);
             assert_eq!(after.batches, before.batches + 1, "{what}");
             assert_eq!(
                 after.batched_requests,
-                before.batched_requests + 3,
-                "{what}"
+                before.batched_requests + 2,
+                "{what}: the killed leader's request was not run"
             );
-            // And the agent goes on serving (the killed client's answer
-            // had nowhere to go).
+            assert_eq!(after.inference_count, before.inference_count + 2, "{what}");
+            // 2. A live request leads; the killed client's request joins
+            // the line behind it; two more rows fill the batch. The leader
+            // leaves the killed one out.
+            let before = stats(&agent);
+            let leader = send_batched(uri, &[0..1]);
+            common::wait_until(Duration::from_secs(30), "the leader waits", || {
+                model.queue.stats().running == 1
+            });
+            let kid = client_process(uri, &sample);
+            common::wait_until(Duration::from_secs(30), "the member waits", || {
+                model.queue.stats().waiting == 1
+            });
+            kill(kid);
+            let rest = send_batched(uri, &[1..3]);
+            check_answers(what, &[0..1], leader);
+            check_answers(what, &[1..3], rest);
+            let after = stats(&agent);
+            assert_eq!(after.batches, before.batches + 1, "{what}");
+            assert_eq!(
+                after.batched_requests,
+                before.batched_requests + 2,
+                "{what}: the killed member's request was not run"
+            );
+            assert_eq!(after.inference_count, before.inference_count + 2, "{what}");
+            common::wait_until(Duration::from_secs(10), "both counted as failed", || {
+                stats(&agent).fail.count >= 2
+            });
+            // And the agent goes on serving.
             let two = rows(0..2);
-            let a = infer(uri, "digits", &two).expect("served after the kill");
+            let a = infer(uri, "digits", &two).expect("served after the kills");
             assert_eq!(a.len(), 2 * 10 * 4, "{what}");
             assert_eq!(
                 model.queue.stats().running,

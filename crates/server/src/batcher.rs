@@ -300,6 +300,24 @@ pub(crate) struct Member {
     wake: std::sync::OnceLock<std::sync::Arc<Condvar>>,
     outcome: Mutex<Delivery>,
     answered: Condvar,
+    /// The connection its request came on, if a session named one
+    /// ([`crate::queue::watch_caller`]): a member whose connection has
+    /// closed by the time its batch forms is left out of the run.
+    caller: MemberCaller,
+}
+
+/// A member's connection (`Caller` is not `Debug`: this says whether there
+/// is one).
+struct MemberCaller(Option<crate::queue::Caller>);
+
+impl std::fmt::Debug for MemberCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(connection)"
+        } else {
+            "None"
+        })
+    }
 }
 
 /// A member's outcome on its way from its leader.
@@ -317,11 +335,28 @@ enum Delivery {
 /// What a leader tells a member: its result and the run's times.
 #[derive(Debug)]
 pub(crate) struct Outcome {
+    /// Left out of the run: its connection had closed
+    /// ([`Refused::CallerGone`]); `result` is then unused.
+    gone: bool,
     result: std::thread::Result<Result<Vec<Output>, EngineError>>,
     /// When the batch was formed and the engine started and ended (ns).
     formed: u64,
     start: u64,
     end: u64,
+}
+
+impl Outcome {
+    /// The outcome of a member left out because its connection closed.
+    fn gone() -> Outcome {
+        let t = monotonic_ns();
+        Outcome {
+            gone: true,
+            result: Err(Box::new("its connection closed before its batch ran")),
+            formed: t,
+            start: t,
+            end: t,
+        }
+    }
 }
 
 impl Member {
@@ -359,6 +394,15 @@ impl Member {
     /// The condition variable it sleeps on in line, once it joined it.
     pub(crate) fn wake(&self) -> Option<&Condvar> {
         self.wake.get().map(|c| &**c)
+    }
+
+    /// Whether the connection its request came on has closed (a zero-
+    /// timeout poll; never for a request without one).
+    fn caller_gone(&self) -> bool {
+        self.caller
+            .0
+            .as_ref()
+            .is_some_and(|c| transport::hung_up(c.as_fd()))
     }
 
     /// Whether its leader has not answered it yet.
@@ -517,6 +561,7 @@ impl Batcher {
             wake: std::sync::OnceLock::new(),
             outcome: Mutex::new(Delivery::Pending),
             answered: Condvar::new(),
+            caller: MemberCaller(crate::queue::current_caller()),
         })
     }
 
@@ -631,6 +676,9 @@ pub fn run_for(
     match queue.wait_as_member(ask, tenant, &me)? {
         Turn::Taken => {
             let o = me.wait_outcome();
+            if o.gone {
+                return Err(Refused::CallerGone);
+            }
             tl.set(Stage::ComputeStart, o.start.max(o.formed));
             tl.set(Stage::ComputeEnd, o.end);
             Ok(o.result)
@@ -638,9 +686,24 @@ pub fn run_for(
         Turn::Lead(slot) => {
             let followers = queue.take_followers(&me, &b.policy, queued_at);
             let answers = Answers(queue, &followers);
+            // Requests whose connection closed while they waited (a killed
+            // client) are answered at once and not run, the leader's too.
             let mut batch: Vec<&Member> = Vec::with_capacity(followers.len() + 1);
-            batch.push(&me);
-            batch.extend(followers.iter().map(|m| &**m));
+            let leader_gone = me.caller_gone();
+            if !leader_gone {
+                batch.push(&me);
+            }
+            for m in &followers {
+                if m.caller_gone() {
+                    m.answer(Outcome::gone());
+                } else {
+                    batch.push(m);
+                }
+            }
+            if batch.is_empty() {
+                slot.unused();
+                return Err(Refused::CallerGone);
+            }
             batch.sort_by_key(|m| m.staged_at);
             let (mut outcomes, start, end) = lead(model, &batch);
             // The next batch may form while this one is answered.
@@ -651,6 +714,7 @@ pub fn run_for(
                     mine = Some(result);
                 } else {
                     m.answer(Outcome {
+                        gone: false,
                         result,
                         formed: start,
                         start,
@@ -663,6 +727,9 @@ pub fn run_for(
             drop(answers);
             tl.set(Stage::ComputeStart, start);
             tl.set(Stage::ComputeEnd, end);
+            if leader_gone {
+                return Err(Refused::CallerGone);
+            }
             // The leader's result was produced for its own staged copy:
             // an alias still names its input (same bytes).
             Ok(mine.unwrap_or_else(|| Err(Box::new("the batch lost its leader's result"))))
@@ -680,6 +747,7 @@ impl Drop for Answers<'_> {
         for m in self.1.iter().filter(|m| m.is_pending()) {
             let t = monotonic_ns();
             m.answer(Outcome {
+                gone: false,
                 result: Err(Box::new("the leader of its batch failed")),
                 formed: t,
                 start: t,

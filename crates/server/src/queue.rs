@@ -32,8 +32,10 @@
 //! [`Refused::CallerGone`] and is not run, so a dead client's request
 //! costs no engine run. The connection is the one a session names for its
 //! turn on the thread ([`watch_caller`]); a request admitted at once is not
-//! checked (no cost on the uncontended path), nor one that joins a batch,
-//! nor a front door's (HTTP/2 multiplexes many requests on a connection).
+//! checked (no cost on the uncontended path), nor a front door's (HTTP/2
+//! multiplexes many requests on a connection). A batch's leader checks
+//! itself and the members it took when the batch forms and leaves out those
+//! whose connection has closed ([`crate::batcher`]).
 //!
 //! ## Fairness between tenants
 //!
@@ -534,6 +536,11 @@ impl Drop for CallerWatch {
 }
 
 /// Whether this thread's named connection (if any) has been closed.
+/// The connection this thread's session named ([`watch_caller`]), if any.
+pub(crate) fn current_caller() -> Option<Caller> {
+    CALLER.with(|c| c.borrow().clone())
+}
+
 fn caller_gone() -> bool {
     CALLER.with(|c| {
         c.borrow()
@@ -1721,7 +1728,7 @@ pub(crate) struct RunSlot<'a>(&'a ModelQueue);
 impl RunSlot<'_> {
     /// Gives the run back unused (its request will not run): not counted
     /// as a completed run.
-    fn unused(self) {
+    pub(crate) fn unused(self) {
         let q = self.0;
         std::mem::forget(self);
         q.release_run();
