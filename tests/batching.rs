@@ -204,8 +204,8 @@ fn a_client_killed_while_its_request_waits_in_a_batch_is_left_out_of_the_run() {
             // the line behind it; two more rows fill the batch. The leader
             // leaves the killed one out.
             let before = stats(&agent);
-            let (first, second) = ([0..1], [1..3]);
-            let leader = send_batched(uri, &first);
+            let (first, second) = (std::slice::from_ref(&(0..1)), std::slice::from_ref(&(1..3)));
+            let leader = send_batched(uri, first);
             common::wait_until(Duration::from_secs(30), "the leader waits", || {
                 model.queue.stats().running == 1
             });
@@ -214,9 +214,9 @@ fn a_client_killed_while_its_request_waits_in_a_batch_is_left_out_of_the_run() {
                 model.queue.stats().waiting == 1
             });
             kill(kid);
-            let rest = send_batched(uri, &second);
-            check_answers(what, &first, leader);
-            check_answers(what, &second, rest);
+            let rest = send_batched(uri, second);
+            check_answers(what, first, leader);
+            check_answers(what, second, rest);
             let after = stats(&agent);
             assert_eq!(after.batches, before.batches + 1, "{what}");
             assert_eq!(
