@@ -20,8 +20,13 @@
 //!
 //! Waiting: one caller at a time holds the reader role; it receives with the
 //! channel's hybrid wait (spin, then futex) in chunks of at most
-//! [`SLEEP_CHUNK`], so senders and pending releases get the channel between
-//! chunks, and files others' responses under their ids.
+//! [`SLEEP_CHUNK`] (its deadline and pending releases are looked at between
+//! chunks), and files others' responses under their ids. A sender that
+//! finds the channel held asks the reader to give it up
+//! ([`transport::shm::ShmYield`]): the reader's wait ends at once, so a
+//! sleeping reader never holds a sender back, and a request that takes
+//! 100 ms costs its waiting client one or two wake-ups, not one every few
+//! milliseconds.
 
 use crate::error::ClientError;
 use crate::ids::{IdMap, PendingIds};
@@ -33,7 +38,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use transport::mover::{Mover, MoverChoice, MoverCounters};
-use transport::shm::{Arena, Layout, ShmChannel, ShmError, WaitPolicy};
+use transport::shm::{Arena, Layout, ShmChannel, ShmError, ShmYield, WaitPolicy};
 use wire::{
     decode_tensor_section_in, Header, Kind, Limits, Placement, TensorDesc, Timeline, PAYLOAD_ALIGN,
 };
@@ -45,9 +50,10 @@ pub(crate) const ALIGN: usize = PAYLOAD_ALIGN as usize;
 /// the channel is free.
 const FLUSH_AT: usize = 32;
 
-/// Longest a reader holds the channel while it sleeps before letting
-/// senders (and queued releases) through.
-pub(crate) const SLEEP_CHUNK: Duration = Duration::from_millis(2);
+/// Longest a reader sleeps in the channel before it looks at its deadline
+/// and flushes queued releases (senders need not wait for it: they ask
+/// the reader to give the channel up).
+pub(crate) const SLEEP_CHUNK: Duration = Duration::from_millis(100);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -417,6 +423,8 @@ struct Shared {
 /// A shared-memory session seen from the client.
 pub(crate) struct ShmLink {
     ch: Arc<Mutex<ShmChannel>>,
+    /// Asks a reader waiting in `ch` to give it up to a sender.
+    yielder: ShmYield,
     arena: Arc<Arena>,
     layout: Layout,
     alloc: Arc<RegionAllocator>,
@@ -483,6 +491,7 @@ impl ShmLink {
         let layout = *ch.layout();
         let pull = Layout::features(&arena) & transport::shm::layout::FEATURE_PULL != 0;
         let alloc = RegionAllocator::new(arena.clone(), layout.data_off, layout.client_len);
+        let yielder = ch.yielder();
         let ch = Arc::new(Mutex::new(ch));
         let releases = Arc::new(ReleaseQueue {
             ids: Mutex::new(Vec::new()),
@@ -492,6 +501,7 @@ impl ShmLink {
         Ok((
             ShmLink {
                 ch,
+                yielder,
                 arena,
                 layout,
                 alloc,
@@ -635,6 +645,19 @@ impl ShmLink {
         r
     }
 
+    /// The channel for a sender: if a reader holds it (it may sleep there
+    /// until its answer comes), asks it to give the channel up.
+    fn channel_for_sending(&self) -> MutexGuard<'_, ShmChannel> {
+        match self.ch.try_lock() {
+            Ok(ch) => ch,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let _want = self.yielder.want();
+                lock(&self.ch)
+            }
+        }
+    }
+
     fn send_locked(
         &self,
         h: &Header,
@@ -644,7 +667,7 @@ impl ShmLink {
     ) -> Result<(), ClientError> {
         // The clock is read only if the ring stays full for a while.
         let mut deadline: Option<Instant> = None;
-        let mut ch = lock(&self.ch);
+        let mut ch = self.channel_for_sending();
         self.releases.flush(&mut ch);
         let mut tries = 0u32;
         loop {
@@ -829,7 +852,15 @@ impl ShmLink {
             sh = lock(&self.shared);
             sh.reading = false;
             match r {
-                None | Some(Err(ShmError::TimedOut)) => {}
+                None | Some(Err(ShmError::TimedOut)) => {
+                    if self.yielder.is_wanted() {
+                        // A sender asked for the channel: let it run
+                        // before this reader takes the channel again.
+                        drop(sh);
+                        std::thread::yield_now();
+                        sh = lock(&self.shared);
+                    }
+                }
                 Some(Ok(m)) if m.0.request_id == id && id != 0 => {
                     // Ours (the common case): straight back to the caller.
                     sh.pending.remove(id);
@@ -862,8 +893,8 @@ impl ShmLink {
     /// role, waits for it to file something instead. What comes is filed
     /// for whoever waits for it ([`crate::completion`] drives this).
     pub(crate) fn pump(&self, limit: Duration, spin: Duration, recv_limits: &Limits) {
-        // The channel is held while this waits: no longer than a sender or
-        // a release may wait for it (as `wait_for`'s chunks).
+        // At most one chunk, as `wait_for`'s (a sender that wants the
+        // channel meanwhile ends the wait early).
         let limit = limit.min(SLEEP_CHUNK);
         let mut sh = lock(&self.shared);
         if sh.dead.is_some() {

@@ -26,6 +26,14 @@
 //! handing the CPU to its peer; one that moved less than 1 ms ago polls on
 //! (more polling threads than CPUs: moving again would only bounce them).
 //!
+//! Yielding: a side may share its channel among threads (the client: one
+//! reads while others send). A thread that wants the channel while another
+//! waits in it asks the waiter to give it up ([`ShmYield::want`]): the
+//! waiter's receive ends early, `TimedOut`, within one poll or at once from
+//! its futex sleep. So a waiter can sleep as long as its answer takes
+//! without holding senders back, and need not wake on a short clock to let
+//! them through.
+//!
 //! Parking: the agent can hand a session that has been quiet for a while
 //! back to its event loop instead of keeping a thread asleep on the futex
 //! ([`ShmChannel::recv_or_park`]). It then sets its sleep word to
@@ -43,7 +51,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -341,6 +349,93 @@ pub struct ShmChannel {
     /// every collision: a system call every 64 polls while two threads
     /// take turns on one CPU would lengthen each turn).
     pinned: bool,
+    /// Threads of this side that want the channel ([`ShmYield`]): a wait
+    /// ends early while it is not 0.
+    wanted: Arc<AtomicUsize>,
+}
+
+/// Asks a thread waiting in a [`ShmChannel`]'s receive to give the channel
+/// up (see "Yielding" in the module docs). Cheap to clone; one per channel
+/// ([`ShmChannel::yielder`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use std::time::Duration;
+/// use transport::shm::{ShmChannel, ShmError, WaitPolicy};
+/// # fn session() -> Result<(transport::shm::ShmChannel, transport::shm::ShmChannel, wire::Limits), Box<dyn std::error::Error>> {
+/// #     let dir = tempfile::tempdir()?;
+/// #     let path = dir.path().join("c.sock");
+/// #     let l = std::os::unix::net::UnixListener::bind(&path)?;
+/// #     let sizes = transport::shm::ShmSizes { client_len: 1 << 20, agent_len: 1 << 20, ..Default::default() };
+/// #     let t = std::time::Duration::from_secs(5);
+/// #     let agent = std::thread::spawn(move || -> Result<transport::shm::ShmChannel, transport::shm::ShmError> {
+/// #         Ok(transport::shm::ShmChannel::accept(l.accept()?.0, &wire::Limits::default(), sizes, t)?.0)
+/// #     });
+/// #     let (client, limits) = transport::shm::ShmChannel::connect(&path, &wire::Limits::default(), None, 1, t)?;
+/// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
+/// # }
+/// let (_agent, client, limits) = session()?;
+/// let yielder = client.yielder();
+/// let ch = Arc::new(Mutex::new(client));
+/// let reader = {
+///     let ch = ch.clone();
+///     // Waits up to 10 s for a message that never comes...
+///     std::thread::spawn(move || ch.lock().unwrap().recv(&limits, WaitPolicy::CLIENT, Some(Duration::from_secs(10))))
+/// };
+/// std::thread::sleep(Duration::from_millis(50));
+/// let t = std::time::Instant::now();
+/// let want = yielder.want(); // ...until another thread wants the channel
+/// let _ch = ch.lock().unwrap();
+/// drop(want);
+/// assert!(t.elapsed() < Duration::from_secs(5));
+/// assert!(matches!(reader.join().unwrap(), Err(ShmError::TimedOut)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ShmYield {
+    arena: Arc<Arena>,
+    /// This side's sleep word's offset in the arena.
+    sleep: usize,
+    wanted: Arc<AtomicUsize>,
+}
+
+/// A thread's wish for the channel, from [`ShmYield::want`] until dropped
+/// (drop it once the channel is had: waits end early while it lives).
+#[derive(Debug)]
+pub struct WantChannel<'a>(&'a ShmYield);
+
+impl ShmYield {
+    /// Asks the thread waiting in the channel, if any, to give it up: its
+    /// receive ends `TimedOut` (at once if it sleeps), and waits end early
+    /// until the returned guard drops.
+    pub fn want(&self) -> WantChannel<'_> {
+        self.wanted.fetch_add(1, Ordering::SeqCst);
+        // The futex handshake of `wake_peer`, on this side's own word: a
+        // waiter that stored SLEEP_FUTEX before this load sleeps on a
+        // value that is no longer there (woken, or its wait returns at
+        // once); one that stores it after sees `wanted` first.
+        let word = self.arena.atomic_u32(self.sleep);
+        if word.swap(0, Ordering::SeqCst) == SLEEP_FUTEX {
+            // A failed wake leaves the waiter to its own time limit.
+            let _ = futex::wake(word, 1);
+        }
+        WantChannel(self)
+    }
+}
+
+impl ShmYield {
+    /// Whether a thread wants the channel now.
+    pub fn is_wanted(&self) -> bool {
+        self.wanted.load(Ordering::Relaxed) != 0
+    }
+}
+
+impl Drop for WantChannel<'_> {
+    fn drop(&mut self) {
+        self.0.wanted.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The control-socket path for `shm://name`: `$TENSORWIRE_SHM_DIR/name.sock`,
@@ -664,7 +759,21 @@ impl ShmChannel {
             step: CpuStep::new(),
             spinning: 0,
             pinned: !cpu::may_leave(cpu::current()),
+            wanted: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// The handle other threads of this side use to ask a waiter here to
+    /// give the channel up ([`ShmYield`]).
+    pub fn yielder(&self) -> ShmYield {
+        ShmYield {
+            arena: self.arena.clone(),
+            sleep: match self.side {
+                Side::Agent => AGENT_SLEEP,
+                Side::Client => CLIENT_SLEEP,
+            },
+            wanted: self.wanted.clone(),
+        }
     }
 
     /// The session's arena.
@@ -1083,6 +1192,10 @@ impl ShmChannel {
                 self.publish_spin(0);
                 return Ok(Some(m));
             }
+            if self.wanted.load(Ordering::Relaxed) != 0 {
+                // Another thread of this side wants the channel.
+                return Ok(None);
+            }
             if spin.again() {
                 if spin.at_check() && self.collides(policy.step_off) {
                     handed_over = true;
@@ -1116,7 +1229,7 @@ impl ShmChannel {
             let slice = park_after.map_or(slice, |p| slice.min(p.saturating_sub(since)));
             self.my_sleep().store(SLEEP_FUTEX, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if !self.rx.ready() {
+            if !self.rx.ready() && self.wanted.load(Ordering::SeqCst) == 0 {
                 futex::wait(self.my_sleep(), SLEEP_FUTEX, Some(slice))?;
             }
             self.my_sleep().store(0, Ordering::SeqCst);

@@ -23,7 +23,8 @@ pub mod ring;
 
 pub use arena::Arena;
 pub use channel::{
-    control_path, ShmChannel, ShmError, ShmSizes, WaitPolicy, SLEEP_FUTEX, SLEEP_PARKED,
+    control_path, ShmChannel, ShmError, ShmSizes, ShmYield, WaitPolicy, WantChannel, SLEEP_FUTEX,
+    SLEEP_PARKED,
 };
 pub use layout::Layout;
 pub use mirror::{RingSpan, TensorRing};
