@@ -423,9 +423,7 @@ impl ShmYield {
         }
         WantChannel(self)
     }
-}
 
-impl ShmYield {
     /// Whether a thread wants the channel now.
     pub fn is_wanted(&self) -> bool {
         self.wanted.load(Ordering::Relaxed) != 0
