@@ -22,7 +22,6 @@
 
 use std::ffi::{c_char, c_void, CString};
 use std::path::{Path, PathBuf};
-use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
@@ -802,7 +801,7 @@ fn run_raw(
     output_names: &[CString],
     outputs: &mut [DynValueRefMut<'_>],
 ) -> Result<(), EngineError> {
-    let stop = crate::RunStop::this_thread();
+    let run_options = crate::RunStop::this_thread_options_ptr();
     if input_names.len() != inputs.len() || output_names.len() != outputs.len() {
         return Err(EngineError::Run(format!(
             "{} inputs for {} names, {} outputs for {} names",
@@ -826,14 +825,12 @@ fn run_raw(
     // OrtValues (`inputs` borrow their memory for the whole call; `outputs`
     // are tensors over buffers borrowed for the whole call), and each array
     // has exactly the length passed with it (checked above). The run options
-    // are this thread's `RunStop`'s, alive in `stop` for the whole call, or
-    // null (allowed: defaults).
+    // are this thread's `RunStop`'s (alive until this thread ends), or null
+    // (allowed: defaults).
     let status = unsafe {
         run(
             session.ptr().cast_mut(),
-            stop.as_ref()
-                .and_then(|s| s.options())
-                .map_or(ptr::null(), |o| o.ptr()),
+            run_options,
             in_names.as_ptr(),
             in_values.as_ptr(),
             in_values.len(),

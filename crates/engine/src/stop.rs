@@ -109,6 +109,20 @@ impl RunStop {
         }
     }
 
+    /// This thread's run options for ONNX Runtime's C API, or null (no
+    /// handle, or its options could not be made). No reference count is
+    /// taken: the handle lives in this thread's slot until the thread ends
+    /// and its options, once made, never change, so the pointer stays valid
+    /// for a call made on this thread.
+    pub(crate) fn this_thread_options_ptr() -> *const ort::sys::OrtRunOptions {
+        use ort::AsPointer;
+        THIS_THREAD.with(|cell| {
+            cell.get()
+                .and_then(|s| s.options())
+                .map_or(std::ptr::null(), |o| o.ptr())
+        })
+    }
+
     /// The options ONNX Runtime runs on this thread pass (ONNX Runtime is
     /// loaded when this is called: a model of it is running).
     pub(crate) fn options(&self) -> Option<&RunOptions> {
