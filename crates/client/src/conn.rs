@@ -13,6 +13,7 @@
 use crate::completion::Completer;
 use crate::error::ClientError;
 use crate::ids::{IdMap, IdSet, PendingIds};
+use crate::service_time::WaitPlan;
 use crate::shm::{Allocation, ShmLink};
 use crate::tensor::{Tensor, TensorBuf, TensorBytes, TensorRef};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -511,6 +512,8 @@ pub(crate) struct Sent {
     pub(crate) pins: Vec<Arc<Allocation>>,
     /// Shared memory: the mover of the largest input.
     mover: Option<transport::mover::Mover>,
+    /// Shared memory: how the wait for the answer should go.
+    plan: Option<WaitPlan>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -871,6 +874,7 @@ impl Client {
                 sent_ns: stamp_if(timed),
                 pins: Vec::new(),
                 mover: None,
+                plan: None,
             },
             waited: false,
         })
@@ -1453,8 +1457,10 @@ impl Model {
         if !pulls.is_empty() {
             h.flags |= flags::PULL;
         }
-        if shm.is_some() {
+        let mut plan = None;
+        if let Some(s) = shm {
             inner.send(&h, &desc, &[])?;
+            plan = Some(s.plan(h.model_id));
         } else {
             let tensors: Vec<&[u8]> = inputs.iter().map(|t| t.data).collect();
             inner.send(&h, &desc, &tensors)?;
@@ -1468,6 +1474,7 @@ impl Model {
             sent_ns,
             pins,
             mover,
+            plan,
         })
     }
 }
@@ -1571,9 +1578,19 @@ impl Drop for Ticket {
 }
 
 impl Inner {
+    /// The shared-memory link, if the session is one (tests look at its
+    /// wait estimates).
+    #[cfg(test)]
+    pub(crate) fn shm_link(&self) -> Option<&ShmLink> {
+        match &self.link {
+            Link::Shm(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// Waits for the response to `sent`.
     fn finish(&self, sent: Sent, timeout: Duration) -> Result<Response, ClientError> {
-        let frame = match self.wait_for(sent.id, timeout) {
+        let frame = match self.wait_for(sent.id, timeout, sent.plan.as_ref()) {
             Ok(f) => f,
             Err(e) => {
                 self.keep_pins(sent.id, sent.pins);
@@ -1599,7 +1616,7 @@ impl Inner {
     fn roundtrip(&self, mut h: Header, body: &[u8]) -> Result<Frame, ClientError> {
         h.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.send(&h, body, &[])?;
-        self.wait_for(h.request_id, self.opts.timeout)
+        self.wait_for(h.request_id, self.opts.timeout, None)
     }
 
     fn send(&self, h: &Header, desc: &[u8], tensors: &[&[u8]]) -> Result<(), ClientError> {
@@ -1746,7 +1763,14 @@ impl Inner {
         })
     }
 
-    fn wait_for(&self, id: u64, timeout: Duration) -> Result<Frame, ClientError> {
+    /// Waits for the answer to `id`; `plan` says how over shared memory
+    /// (a request's; `None`: poll at once).
+    fn wait_for(
+        &self,
+        id: u64,
+        timeout: Duration,
+        plan: Option<&WaitPlan>,
+    ) -> Result<Frame, ClientError> {
         let s = match &self.link {
             Link::Inproc { replies, .. } => {
                 let r = lock(replies).remove(&id).ok_or_else(|| {
@@ -1760,7 +1784,8 @@ impl Inner {
                 });
             }
             Link::Shm(s) => {
-                let (header, desc) = s.wait_for(id, timeout, self.opts.spin, &self.recv_limits)?;
+                let (header, desc) =
+                    s.wait_for(id, timeout, self.opts.spin, &self.recv_limits, plan)?;
                 return Ok(Frame {
                     header,
                     desc,
@@ -1828,7 +1853,7 @@ impl Inner {
     /// for every request it watches after each [`Inner::pump`].
     pub(crate) fn take_done(&self, id: u64) -> Option<Result<Frame, ClientError>> {
         match &self.link {
-            Link::Inproc { .. } => Some(self.wait_for(id, Duration::ZERO)),
+            Link::Inproc { .. } => Some(self.wait_for(id, Duration::ZERO, None)),
             Link::Shm(s) => s.take_done(id).map(|r| {
                 r.map(|(header, desc)| Frame {
                     received_ns: stamp_if(header.flags & flags::HAS_TIMELINE != 0),

@@ -70,6 +70,7 @@ mod completion;
 mod conn;
 mod error;
 mod ids;
+mod service_time;
 mod shm;
 mod tensor;
 

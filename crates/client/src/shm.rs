@@ -25,10 +25,15 @@
 //! finds the channel held asks the reader to give it up
 //! ([`transport::shm::ShmYield`]): the reader's wait ends at once, so a
 //! sleeping reader never holds a sender back, and a request that takes
-//! 170 ms costs its waiting client 7 wake-ups, not one every 2 ms.
+//! 170 ms costs its waiting client 7 wake-ups, not one every 2 ms. For a
+//! model whose answers take longer than the poll, the wait first sleeps
+//! until shortly before the answer is due and polls only then
+//! ([`crate::service_time`]), so the poll does not take a CPU from the
+//! model's compute.
 
 use crate::error::ClientError;
 use crate::ids::{IdMap, PendingIds};
+use crate::service_time::{Expect, ServiceTimes, WaitPlan};
 use crate::tensor::{Tensor, TensorBytes, TensorRef};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -450,6 +455,9 @@ pub(crate) struct ShmLink {
     movers: MoverCounters,
     /// The agent pulls inputs named by address (its arena's features).
     pull: bool,
+    /// How long each model's answers take: whether a wait polls at once or
+    /// sleeps through the compute first.
+    service_times: ServiceTimes,
 }
 
 impl ShmLink {
@@ -526,6 +534,7 @@ impl ShmLink {
                 mover,
                 movers: MoverCounters::default(),
                 pull,
+                service_times: ServiceTimes::default(),
             },
             limits,
         ))
@@ -776,20 +785,57 @@ impl ShmLink {
         }
     }
 
-    /// Waits for the message answering `id`.
+    /// The session's wait estimates (tests).
+    #[cfg(test)]
+    pub(crate) fn service_times(&self) -> &ServiceTimes {
+        &self.service_times
+    }
+
+    /// How the wait for a request to `model` sent now should go (see
+    /// [`crate::service_time`]).
+    pub(crate) fn plan(&self, model: u32) -> WaitPlan {
+        WaitPlan::now(&self.service_times, model)
+    }
+
+    /// Waits for the message answering `id`, as `plan` says (a request's;
+    /// `None` for control messages: poll at once).
     pub(crate) fn wait_for(
         &self,
         id: u64,
         timeout: Duration,
         spin: Duration,
         recv_limits: &Limits,
+        plan: Option<&WaitPlan>,
     ) -> Result<(Header, Vec<u8>), ClientError> {
         // A response that comes while this caller spins (the common case)
         // costs no `clock_gettime`: the deadline is fixed only when the
         // first chunk of waiting ends without it.
         let mut deadline: Option<Instant> = None;
         let mut spun = false;
-        let mut chunk = FIRST_CHUNK;
+        // Timed mode: sleep until shortly before the estimated completion.
+        let mut sleep_until = plan.and_then(WaitPlan::sleep_until);
+        // Fast mode: the first pass only polls, so that a poll that misses
+        // is seen (and the model's next waits timed); the first chunk of
+        // sleep then comes on its own pass (hence half: it doubles first).
+        let learn = plan
+            .filter(|p| p.expect == Expect::Fast && !spin.is_zero())
+            .map(|p| p.model);
+        let mut chunk = if learn.is_some() {
+            FIRST_CHUNK / 2
+        } else {
+            FIRST_CHUNK
+        };
+        let done = |m| {
+            if let Some(WaitPlan {
+                model,
+                sent_at: Some(at),
+                ..
+            }) = plan
+            {
+                self.service_times.record(*model, at.elapsed(), spin);
+            }
+            Ok(m)
+        };
         let mut sh = lock(&self.shared);
         loop {
             // (Almost always empty: skip hashing the id.)
@@ -797,7 +843,7 @@ impl ShmLink {
                 .then(|| sh.completed.remove(&id))
                 .flatten()
             {
-                return Ok(f);
+                return done(f);
             }
             if let Some(d) = &sh.dead {
                 return Err(ClientError::AgentGone(d.clone()));
@@ -805,7 +851,19 @@ impl ShmLink {
             // How long the next chunk of waiting may take; `None` on the
             // first pass, which reads no clock.
             let mut limit = None;
-            if spun || sh.reading {
+            // Whether this pass sleeps until `sleep_until` (then polls).
+            let mut napping = false;
+            if let Some(until) = sleep_until.filter(|_| !sh.reading) {
+                let now = Instant::now();
+                let d = *deadline.get_or_insert(now + timeout);
+                if now < until && now < d {
+                    napping = true;
+                    limit = Some((until - now).min(d - now));
+                } else {
+                    sleep_until = None;
+                }
+            }
+            if !napping && (spun || sh.reading) {
                 let now = Instant::now();
                 let d = *deadline.get_or_insert(now + timeout);
                 if now >= d {
@@ -829,21 +887,30 @@ impl ShmLink {
             sh.reading = true;
             let filed = self.filed.load(Ordering::Relaxed);
             drop(sh);
-            // Spin only on the first chunk; later chunks go straight to sleep.
-            let policy = if spun {
-                WaitPolicy {
+            // Spin only on the first chunk after any nap; later chunks go
+            // straight to sleep.
+            let policy = match (napping, spun, limit) {
+                (true, _, Some(nap)) => WaitPolicy {
+                    spin: Duration::ZERO,
+                    slice: nap,
+                    ..WaitPolicy::CLIENT
+                },
+                (_, true, _) => WaitPolicy {
                     spin: Duration::ZERO,
                     slice: chunk,
                     ..WaitPolicy::CLIENT
-                }
-            } else {
-                WaitPolicy {
+                },
+                _ => WaitPolicy {
                     spin,
                     ..WaitPolicy::CLIENT
-                }
+                },
             };
-            let limit = limit.unwrap_or_else(|| timeout.min(policy.spin + chunk));
-            spun = true;
+            let first_poll = !napping && !spun;
+            let limit = limit.unwrap_or_else(|| match learn {
+                Some(_) => timeout.min(spin),
+                None => timeout.min(policy.spin + chunk),
+            });
+            spun |= !napping;
             let r = {
                 let mut ch = lock(&self.ch);
                 self.releases.flush(&mut ch);
@@ -861,6 +928,9 @@ impl ShmLink {
             sh.reading = false;
             match r {
                 None | Some(Err(ShmError::TimedOut)) => {
+                    if let Some(model) = learn.filter(|_| first_poll) {
+                        self.service_times.missed(model);
+                    }
                     if self.yielder.is_wanted() {
                         // A sender asked for the channel: let it run
                         // before this reader takes the channel again.
@@ -873,7 +943,8 @@ impl ShmLink {
                     // Ours (the common case): straight back to the caller.
                     sh.pending.remove(id);
                     self.wake(&sh);
-                    return Ok(m);
+                    drop(sh);
+                    return done(m);
                 }
                 Some(Ok(m)) => self.absorb(&mut sh, m),
                 Some(Err(e)) => self.mark_dead(&mut sh, e),
