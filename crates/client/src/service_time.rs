@@ -16,7 +16,11 @@
 //! recent waits: it drops to a shorter wait at once and rises by an eighth
 //! of a longer one, so one slow answer does not make the next wait sleep
 //! past its answer. A timed wait that comes back within the poll returns
-//! the model to the fast mode.
+//! the model to the fast mode. Beside the estimate each model keeps the
+//! mean deviation of its waits from it: when that is more than half the
+//! estimate, there is no completion to predict (many clients queued on one
+//! model: each answer's wait depends on its place in the queue), and the
+//! wait goes as in the fast mode, polling at once, then sleeping.
 //!
 //! Models share [`SLOTS`] slots by id (a collision only blends two
 //! estimates: waits stay correct, the agent wakes a sleeper early or late).
@@ -47,6 +51,8 @@ const UNKNOWN: u64 = 1;
 pub(crate) struct ServiceTimes {
     /// Estimated wait in ns, or [`FAST`] / [`UNKNOWN`].
     slots: [AtomicU64; SLOTS],
+    /// Mean deviation of the timed waits from the estimate, ns.
+    spreads: [AtomicU64; SLOTS],
 }
 
 /// How a request's wait should go: what [`ServiceTimes::expect`] says when
@@ -56,10 +62,13 @@ pub(crate) enum Expect {
     /// Poll at once, read no clock (the answer is expected within the poll).
     Fast,
     /// Time the wait; sleep until [`LEAD`] before `after` has passed since
-    /// the request was sent (zero: poll at once, only measure).
+    /// the request was sent (zero: poll at once, only measure), then poll
+    /// unless the waits deviate from `after` by more than the poll.
     Timed {
         /// The estimated wait.
         after: Duration,
+        /// The waits' mean deviation from the estimate.
+        spread: Duration,
     },
 }
 
@@ -67,6 +76,7 @@ impl Default for ServiceTimes {
     fn default() -> ServiceTimes {
         ServiceTimes {
             slots: std::array::from_fn(|_| AtomicU64::new(FAST)),
+            spreads: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -76,16 +86,20 @@ impl ServiceTimes {
         &self.slots[model as usize % SLOTS]
     }
 
+    fn spread(&self, model: u32) -> &AtomicU64 {
+        &self.spreads[model as usize % SLOTS]
+    }
+
     /// How the next wait for `model` should go.
     pub(crate) fn expect(&self, model: u32) -> Expect {
-        match self.slot(model).load(Ordering::Relaxed) {
-            FAST => Expect::Fast,
-            UNKNOWN => Expect::Timed {
-                after: Duration::ZERO,
-            },
-            ns => Expect::Timed {
-                after: Duration::from_nanos(ns),
-            },
+        let after = match self.slot(model).load(Ordering::Relaxed) {
+            FAST => return Expect::Fast,
+            UNKNOWN => 0,
+            ns => ns,
+        };
+        Expect::Timed {
+            after: Duration::from_nanos(after),
+            spread: Duration::from_nanos(self.spread(model).load(Ordering::Relaxed)),
         }
     }
 
@@ -109,8 +123,17 @@ impl ServiceTimes {
             match slot.load(Ordering::Relaxed) {
                 // FAST: another thread's fast answer came in between.
                 FAST | UNKNOWN => took_ns,
-                est if took_ns <= est => took_ns,
-                est => est + (took_ns - est) / 8,
+                est => {
+                    let spread = self.spread(model);
+                    let dev = spread.load(Ordering::Relaxed);
+                    let off = took_ns.abs_diff(est);
+                    spread.store(dev - dev / 8 + off / 8, Ordering::Relaxed);
+                    if took_ns <= est {
+                        took_ns
+                    } else {
+                        est + (took_ns - est) / 8
+                    }
+                }
             }
         };
         // Never store the markers as an estimate.
@@ -143,20 +166,29 @@ impl WaitPlan {
     }
 
     /// Until when the wait should sleep before it polls (`None`: poll at
-    /// once, the sleep would be shorter than [`MIN_NAP`]).
+    /// once: the sleep would be shorter than [`MIN_NAP`], or the waits
+    /// scatter too widely to predict).
     pub(crate) fn sleep_until(&self) -> Option<Instant> {
         let nap = self.expect.nap(Duration::ZERO);
-        self.sent_at.filter(|_| nap >= MIN_NAP).map(|at| at + nap)
+        self.sent_at
+            .filter(|_| nap >= MIN_NAP && self.expect.predictable())
+            .map(|at| at + nap)
     }
 }
 
 impl Expect {
+    /// Whether the waits come near enough to their estimate (within half
+    /// of it on average) for a sleep until the estimate to be worth it.
+    pub(crate) fn predictable(&self) -> bool {
+        matches!(self, Expect::Timed { after, spread } if *spread <= *after / 2)
+    }
+
     /// How long a wait that has lasted `waited` should still sleep before
     /// it polls (zero: poll now).
     pub(crate) fn nap(&self, waited: Duration) -> Duration {
         match self {
             Expect::Fast => Duration::ZERO,
-            Expect::Timed { after } => after.saturating_sub(LEAD).saturating_sub(waited),
+            Expect::Timed { after, .. } => after.saturating_sub(LEAD).saturating_sub(waited),
         }
     }
 }
@@ -171,24 +203,27 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// The estimate of a timed model (`None`: fast).
+    fn after(e: Expect) -> Option<Duration> {
+        match e {
+            Expect::Fast => None,
+            Expect::Timed { after, .. } => Some(after),
+        }
+    }
+
     #[test]
     fn a_model_starts_fast_and_a_missed_poll_times_it() {
         let t = ServiceTimes::default();
         assert_eq!(t.expect(3), Expect::Fast);
         t.missed(3);
-        assert_eq!(
-            t.expect(3),
-            Expect::Timed {
-                after: Duration::ZERO
-            }
-        );
+        assert_eq!(after(t.expect(3)), Some(Duration::ZERO));
         assert_eq!(t.expect(4), Expect::Fast, "other models keep their mode");
         t.record(3, ms(2), POLL);
-        assert_eq!(t.expect(3), Expect::Timed { after: ms(2) });
+        assert_eq!(after(t.expect(3)), Some(ms(2)));
         t.missed(3);
         assert_eq!(
-            t.expect(3),
-            Expect::Timed { after: ms(2) },
+            after(t.expect(3)),
+            Some(ms(2)),
             "a timed model keeps its estimate"
         );
     }
@@ -199,9 +234,9 @@ mod tests {
         t.missed(0);
         t.record(0, ms(4), POLL);
         t.record(0, ms(2), POLL);
-        assert_eq!(t.expect(0), Expect::Timed { after: ms(2) });
+        assert_eq!(after(t.expect(0)), Some(ms(2)));
         t.record(0, ms(10), POLL);
-        assert_eq!(t.expect(0), Expect::Timed { after: ms(3) });
+        assert_eq!(after(t.expect(0)), Some(ms(3)));
     }
 
     #[test]
@@ -215,18 +250,38 @@ mod tests {
 
     #[test]
     fn a_timed_wait_sleeps_until_the_lead_before_the_estimate() {
-        let e = Expect::Timed { after: ms(2) };
+        let e = Expect::Timed {
+            after: ms(2),
+            spread: Duration::ZERO,
+        };
         assert_eq!(e.nap(Duration::ZERO), ms(2) - LEAD);
         assert_eq!(e.nap(ms(1)), ms(1) - LEAD);
         assert_eq!(e.nap(ms(5)), Duration::ZERO);
         assert_eq!(Expect::Fast.nap(Duration::ZERO), Duration::ZERO);
-        assert_eq!(
-            Expect::Timed {
-                after: Duration::ZERO
-            }
-            .nap(Duration::ZERO),
-            Duration::ZERO
-        );
+        let unknown = Expect::Timed {
+            after: Duration::ZERO,
+            spread: Duration::ZERO,
+        };
+        assert_eq!(unknown.nap(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn waits_that_scatter_wider_than_half_their_estimate_do_not_sleep_first() {
+        let t = ServiceTimes::default();
+        t.missed(7);
+        // One client on a 2 ms model: answers within ~0.1 ms of each other,
+        // and a tail now and then.
+        for took in [2000, 2100, 1950, 9000, 2000, 2080, 1990, 2020] {
+            t.record(7, Duration::from_micros(took), POLL);
+        }
+        assert!(t.expect(7).predictable());
+        assert!(WaitPlan::now(&t, 7).sleep_until().is_some());
+        // Then queued behind others: each wait depends on its place.
+        for took in [2000, 9000, 4000, 12000, 3000, 8000, 2500, 15000] {
+            t.record(7, Duration::from_micros(took), POLL);
+        }
+        assert!(!t.expect(7).predictable(), "{:?}", t.expect(7));
+        assert!(WaitPlan::now(&t, 7).sleep_until().is_none());
     }
 
     #[test]
@@ -289,7 +344,7 @@ mod tests {
             net.infer(&[input]).expect("a run");
         }
         match times(&c).expect(net.id()) {
-            Expect::Timed { after } => assert!(
+            Expect::Timed { after, .. } => assert!(
                 after > Duration::from_micros(500),
                 "MobileNetV2 answers in {after:?}?"
             ),
@@ -327,7 +382,7 @@ mod tests {
         );
         assert_eq!(r.outputs[0].to_vec::<u32>().expect("u32"), x);
         match times(&c).expect(identity.id()) {
-            Expect::Timed { after } => assert!(after < Duration::from_secs(1), "{after:?}"),
+            Expect::Timed { after, .. } => assert!(after < Duration::from_secs(1), "{after:?}"),
             Expect::Fast => {} // it came within the poll
         }
     }
@@ -363,11 +418,6 @@ mod tests {
     fn models_share_slots_modulo_their_count() {
         let t = ServiceTimes::default();
         t.missed(5);
-        assert_eq!(
-            t.expect(5 + SLOTS as u32),
-            Expect::Timed {
-                after: Duration::ZERO
-            }
-        );
+        assert_eq!(after(t.expect(5 + SLOTS as u32)), Some(Duration::ZERO));
     }
 }
