@@ -1460,7 +1460,7 @@ impl Model {
         let mut plan = None;
         if let Some(s) = shm {
             inner.send(&h, &desc, &[])?;
-            plan = Some(s.plan(h.model_id));
+            plan = Some(s.plan(h.model_id, h.payload_len));
         } else {
             let tensors: Vec<&[u8]> = inputs.iter().map(|t| t.data).collect();
             inner.send(&h, &desc, &tensors)?;

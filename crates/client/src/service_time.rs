@@ -1,34 +1,39 @@
 //! [`ServiceTimes`]: how long one shared-memory session's answers take, per
-//! model, so that a caller waiting for a slow model sleeps through its
-//! compute and polls only near the predicted completion.
+//! kind of request (model and input size), so that a caller waiting for a
+//! slow model sleeps through its compute and polls only near the predicted
+//! completion.
 //!
 //! Why: a waiting shm client polls (default 200 µs) before it sleeps. For a
 //! model that answers within the poll that is the fastest wait there is;
 //! for one that computes for milliseconds, the poll lands at the start of
 //! the compute and takes a CPU from the model (on 2 cores, with the agent's
 //! session thread and ONNX Runtime's pool, one MobileNetV2 client's p99
-//! read 10 ms against 5.6 ms over unix). So each model's waits start in the
-//! fast mode and stay there, reading no clock, while the poll catches the
-//! answers. A poll that misses switches the model to the timed mode: its
+//! read 10 ms against 5.6 ms over unix), and when it ends before the answer
+//! comes, the answer costs a futex wake-up. So each kind's waits start in
+//! the fast mode and stay there, reading no clock, while the poll catches
+//! the answers. A poll that misses switches the kind to the timed mode: its
 //! requests note when they were sent, and the wait sleeps (futex: an early
 //! answer still wakes it) until [`LEAD`] before the estimated completion,
-//! then polls as before (a sleep shorter than [`MIN_NAP`] is not taken). The estimate follows a low percentile of the
-//! recent waits: it drops to a shorter wait at once and rises by an eighth
-//! of a longer one, so one slow answer does not make the next wait sleep
-//! past its answer. A timed wait that comes back within the poll returns
-//! the model to the fast mode. Beside the estimate each model keeps the
-//! mean deviation of its waits from it: when that is more than half the
-//! estimate, there is no completion to predict (many clients queued on one
-//! model: each answer's wait depends on its place in the queue), and the
-//! wait goes as in the fast mode, polling at once, then sleeping.
+//! then polls as before (a sleep shorter than [`MIN_NAP`] is not taken).
+//! The estimate follows a low percentile of the recent waits: it drops to a
+//! shorter wait at once and rises by an eighth of a longer one, so one slow
+//! answer does not make the next wait sleep past its answer. A timed wait
+//! that comes back within the poll returns the kind to the fast mode.
+//! Beside the estimate each kind keeps the mean deviation of its waits from
+//! it: when that is more than half the estimate, there is no completion to
+//! predict (many clients queued on one model: each answer's wait depends on
+//! its place in the queue), and the wait goes as in the fast mode, polling
+//! at once, then sleeping.
 //!
-//! Models share [`SLOTS`] slots by id (a collision only blends two
+//! A kind is the model and the request's payload size ([`ServiceTimes::key`]):
+//! a model's compute often grows with its input (a classifier's sequence
+//! length). Kinds share [`SLOTS`] slots by hash (a collision only blends two
 //! estimates: waits stay correct, the agent wakes a sleeper early or late).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Slots per session; model ids map onto them modulo this.
+/// Slots per session; kinds of request map onto them by hash.
 pub(crate) const SLOTS: usize = 64;
 
 /// How long before the estimated completion a sleeping wait wakes to poll:
@@ -82,40 +87,50 @@ impl Default for ServiceTimes {
 }
 
 impl ServiceTimes {
-    fn slot(&self, model: u32) -> &AtomicU64 {
-        &self.slots[model as usize % SLOTS]
+    /// The kind of a request to `model` carrying `payload_len` bytes.
+    pub(crate) fn key(model: u32, payload_len: u64) -> u32 {
+        // Fibonacci hashing of both: neighbouring sizes land apart. A
+        // product's bits depend on the factor's bits below them only, so
+        // the key is taken from above the model's bits.
+        let h = (u64::from(model) << 40 ^ payload_len).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 40) as u32
     }
 
-    fn spread(&self, model: u32) -> &AtomicU64 {
-        &self.spreads[model as usize % SLOTS]
+    fn slot(&self, key: u32) -> &AtomicU64 {
+        &self.slots[key as usize % SLOTS]
     }
 
-    /// How the next wait for `model` should go.
-    pub(crate) fn expect(&self, model: u32) -> Expect {
-        let after = match self.slot(model).load(Ordering::Relaxed) {
+    fn spread(&self, key: u32) -> &AtomicU64 {
+        &self.spreads[key as usize % SLOTS]
+    }
+
+    /// How the next wait for a request of kind `key` should go.
+    pub(crate) fn expect(&self, key: u32) -> Expect {
+        let after = match self.slot(key).load(Ordering::Relaxed) {
             FAST => return Expect::Fast,
             UNKNOWN => 0,
             ns => ns,
         };
         Expect::Timed {
             after: Duration::from_nanos(after),
-            spread: Duration::from_nanos(self.spread(model).load(Ordering::Relaxed)),
+            spread: Duration::from_nanos(self.spread(key).load(Ordering::Relaxed)),
         }
     }
 
-    /// A fast-mode wait for `model` outlasted its poll: time the next ones.
-    pub(crate) fn missed(&self, model: u32) {
-        // Only from FAST: a timed model keeps its estimate.
+    /// A fast-mode wait for a request of kind `key` outlasted its poll:
+    /// time the next ones.
+    pub(crate) fn missed(&self, key: u32) {
+        // Only from FAST: a timed kind keeps its estimate.
         let _ =
-            self.slot(model)
+            self.slot(key)
                 .compare_exchange(FAST, UNKNOWN, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// A timed wait for `model` took `took` from send to answer; `poll` is
-    /// the caller's polling budget (an answer within it returns the model
-    /// to the fast mode).
-    pub(crate) fn record(&self, model: u32, took: Duration, poll: Duration) {
-        let slot = self.slot(model);
+    /// A timed wait for a request of kind `key` took `took` from send to
+    /// answer; `poll` is the caller's polling budget (an answer within it
+    /// returns the kind to the fast mode).
+    pub(crate) fn record(&self, key: u32, took: Duration, poll: Duration) {
+        let slot = self.slot(key);
         let took_ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         let next = if took <= poll {
             FAST
@@ -124,7 +139,7 @@ impl ServiceTimes {
                 // FAST: another thread's fast answer came in between.
                 FAST | UNKNOWN => took_ns,
                 est => {
-                    let spread = self.spread(model);
+                    let spread = self.spread(key);
                     let dev = spread.load(Ordering::Relaxed);
                     let off = took_ns.abs_diff(est);
                     spread.store(dev - dev / 8 + off / 8, Ordering::Relaxed);
@@ -141,12 +156,12 @@ impl ServiceTimes {
     }
 }
 
-/// What a request's wait needs to know: its model, how its wait should go,
+/// What a request's wait needs to know: its kind, how its wait should go,
 /// and (timed mode only: the fast mode reads no clock) when it was sent.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct WaitPlan {
-    /// The model the request is for.
-    pub(crate) model: u32,
+    /// The request's kind ([`ServiceTimes::key`]).
+    pub(crate) key: u32,
     /// How the wait should go.
     pub(crate) expect: Expect,
     /// When the request was sent; `Some` exactly in the timed mode.
@@ -154,12 +169,12 @@ pub(crate) struct WaitPlan {
 }
 
 impl WaitPlan {
-    /// The plan for a request to `model` sent now.
-    pub(crate) fn now(times: &ServiceTimes, model: u32) -> WaitPlan {
-        let expect = times.expect(model);
+    /// The plan for a request of kind `key` sent now.
+    pub(crate) fn now(times: &ServiceTimes, key: u32) -> WaitPlan {
+        let expect = times.expect(key);
         let sent_at = matches!(expect, Expect::Timed { .. }).then(Instant::now);
         WaitPlan {
-            model,
+            key,
             expect,
             sent_at,
         }
@@ -343,7 +358,8 @@ mod tests {
             let input = crate::TensorRef::from_slice(&[1, 3, 224, 224], &image).expect("input");
             net.infer(&[input]).expect("a run");
         }
-        match times(&c).expect(net.id()) {
+        let kind = ServiceTimes::key(net.id(), (image.len() * 4) as u64);
+        match times(&c).expect(kind) {
             Expect::Timed { after, .. } => assert!(
                 after > Duration::from_micros(500),
                 "MobileNetV2 answers in {after:?}?"
@@ -358,7 +374,7 @@ mod tests {
             identity
                 .infer(&[crate::TensorRef::from_slice(&[64], &x).expect("input")])
                 .expect("echo");
-            times(&c).expect(identity.id()) == Expect::Fast
+            times(&c).expect(ServiceTimes::key(identity.id(), 64)) == Expect::Fast
         });
         assert!(fast, "identity's waits never went back to polling at once");
     }
@@ -368,8 +384,9 @@ mod tests {
         let (_agent, c) = shm_agent();
         let identity = c.model("identity").expect("served");
         // As if identity took 3 s: its waits would sleep for ~3 s.
-        times(&c).missed(identity.id());
-        times(&c).record(identity.id(), Duration::from_secs(3), POLL);
+        let kind = ServiceTimes::key(identity.id(), 64);
+        times(&c).missed(kind);
+        times(&c).record(kind, Duration::from_secs(3), POLL);
         let x: Vec<u32> = (0..16).collect();
         let t0 = Instant::now();
         let r = identity
@@ -381,7 +398,7 @@ mod tests {
             t0.elapsed()
         );
         assert_eq!(r.outputs[0].to_vec::<u32>().expect("u32"), x);
-        match times(&c).expect(identity.id()) {
+        match times(&c).expect(kind) {
             Expect::Timed { after, .. } => assert!(after < Duration::from_secs(1), "{after:?}"),
             Expect::Fast => {} // it came within the poll
         }
@@ -391,8 +408,9 @@ mod tests {
     fn sleeping_waits_keep_pipelined_answers_apart() {
         let (_agent, c) = shm_agent();
         let identity = c.model("identity").expect("served");
-        times(&c).missed(identity.id());
-        times(&c).record(identity.id(), Duration::from_secs(2), POLL);
+        let kind = ServiceTimes::key(identity.id(), 32);
+        times(&c).missed(kind);
+        times(&c).record(kind, Duration::from_secs(2), POLL);
         let inputs: Vec<[u32; 8]> = (0..8).map(|i| [i; 8]).collect();
         let t0 = Instant::now();
         let tickets: Vec<_> = inputs
@@ -415,9 +433,20 @@ mod tests {
     }
 
     #[test]
-    fn models_share_slots_modulo_their_count() {
+    fn kinds_share_slots_modulo_their_count() {
         let t = ServiceTimes::default();
         t.missed(5);
         assert_eq!(after(t.expect(5 + SLOTS as u32)), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_model_s_input_sizes_are_kinds_of_their_own() {
+        let slot = |model, len| ServiceTimes::key(model, len) as usize % SLOTS;
+        // A classifier's sequence lengths (int64 ids, 3 inputs): 8..64 tokens.
+        let mut slots: Vec<usize> = (8..=64u64).map(|n| slot(1, 3 * 8 * n)).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        assert!(slots.len() >= 30, "57 sizes in {} slots", slots.len());
+        assert_ne!(slot(1, 4096), slot(2, 4096));
     }
 }

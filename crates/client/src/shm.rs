@@ -791,10 +791,10 @@ impl ShmLink {
         &self.service_times
     }
 
-    /// How the wait for a request to `model` sent now should go (see
-    /// [`crate::service_time`]).
-    pub(crate) fn plan(&self, model: u32) -> WaitPlan {
-        WaitPlan::now(&self.service_times, model)
+    /// How the wait for a request to `model` with `payload_len` bytes of
+    /// input, sent now, should go (see [`crate::service_time`]).
+    pub(crate) fn plan(&self, model: u32, payload_len: u64) -> WaitPlan {
+        WaitPlan::now(&self.service_times, ServiceTimes::key(model, payload_len))
     }
 
     /// Waits for the message answering `id`, as `plan` says (a request's;
@@ -819,7 +819,7 @@ impl ShmLink {
         // sleep then comes on its own pass (hence half: it doubles first).
         let learn = plan
             .filter(|p| p.expect == Expect::Fast && !spin.is_zero())
-            .map(|p| p.model);
+            .map(|p| p.key);
         let mut chunk = if learn.is_some() {
             FIRST_CHUNK / 2
         } else {
@@ -827,12 +827,12 @@ impl ShmLink {
         };
         let done = |m| {
             if let Some(WaitPlan {
-                model,
+                key,
                 sent_at: Some(at),
                 ..
             }) = plan
             {
-                self.service_times.record(*model, at.elapsed(), spin);
+                self.service_times.record(*key, at.elapsed(), spin);
             }
             Ok(m)
         };
@@ -928,8 +928,8 @@ impl ShmLink {
             sh.reading = false;
             match r {
                 None | Some(Err(ShmError::TimedOut)) => {
-                    if let Some(model) = learn.filter(|_| first_poll) {
-                        self.service_times.missed(model);
+                    if let Some(key) = learn.filter(|_| first_poll) {
+                        self.service_times.missed(key);
                     }
                     if self.yielder.is_wanted() {
                         // A sender asked for the channel: let it run
