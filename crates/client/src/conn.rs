@@ -13,7 +13,7 @@
 use crate::completion::Completer;
 use crate::error::ClientError;
 use crate::ids::{IdMap, IdSet, PendingIds};
-use crate::service_time::WaitPlan;
+use crate::service_time::{ServiceTimes, WaitPlan};
 use crate::shm::{Allocation, ShmLink};
 use crate::tensor::{Tensor, TensorBuf, TensorBytes, TensorRef};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -396,6 +396,9 @@ pub(crate) struct Inner {
     /// The thread that completes callbacks and futures, started by the
     /// first of them ([`crate::completion`]).
     pub(crate) completer: Completer,
+    /// How long each kind of request's answers take: whether a wait polls
+    /// at once or sleeps through the compute first ([`crate::service_time`]).
+    service_times: ServiceTimes,
 }
 
 /// A session with an agent. Cheap to clone; clones share the connection.
@@ -636,6 +639,7 @@ impl Client {
             pool: BufPool::new(256 << 20, 8),
             stats: CopyCounters::default(),
             completer: Completer::default(),
+            service_times: ServiceTimes::default(),
         };
         if let (Some(limits), Link::Shm(s)) = (shm_limits, &inner.link) {
             inner.next_id.store(2, Ordering::Relaxed);
@@ -1457,14 +1461,19 @@ impl Model {
         if !pulls.is_empty() {
             h.flags |= flags::PULL;
         }
-        let mut plan = None;
-        if let Some(s) = shm {
+        if shm.is_some() {
             inner.send(&h, &desc, &[])?;
-            plan = Some(s.plan(h.model_id, h.payload_len));
         } else {
             let tensors: Vec<&[u8]> = inputs.iter().map(|t| t.data).collect();
             inner.send(&h, &desc, &tensors)?;
         }
+        let kind = ServiceTimes::key(h.model_id, h.payload_len);
+        let plan = match &inner.link {
+            Link::Inproc { .. } => None,
+            Link::Shm(_) => Some(WaitPlan::now(&inner.service_times, kind, false)),
+            // A stream's wait reads the clock anyway (its deadline).
+            Link::Stream(_) => Some(WaitPlan::now(&inner.service_times, kind, true)),
+        };
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         let sent_ns = stamp_if(timed);
         Ok(Sent {
@@ -1578,14 +1587,10 @@ impl Drop for Ticket {
 }
 
 impl Inner {
-    /// The shared-memory link, if the session is one (tests look at its
-    /// wait estimates).
+    /// The session's wait estimates (tests).
     #[cfg(test)]
-    pub(crate) fn shm_link(&self) -> Option<&ShmLink> {
-        match &self.link {
-            Link::Shm(s) => Some(s),
-            _ => None,
-        }
+    pub(crate) fn service_times(&self) -> &ServiceTimes {
+        &self.service_times
     }
 
     /// Waits for the response to `sent`.
@@ -1784,8 +1789,13 @@ impl Inner {
                 });
             }
             Link::Shm(s) => {
-                let (header, desc) =
-                    s.wait_for(id, timeout, self.opts.spin, &self.recv_limits, plan)?;
+                let (header, desc) = s.wait_for(
+                    id,
+                    timeout,
+                    self.opts.spin,
+                    &self.recv_limits,
+                    plan.map(|p| (p, &self.service_times)),
+                )?;
                 return Ok(Frame {
                     header,
                     desc,
@@ -1796,10 +1806,20 @@ impl Inner {
             Link::Stream(s) => s,
         };
         let deadline = Instant::now() + timeout;
+        // A kind of request whose answers come late but on time: sleep until
+        // shortly before the answer is due, then poll for it (as over shm;
+        // [`crate::service_time`]).
+        let mut sleep_until = plan.and_then(WaitPlan::sleep_until);
+        let done = |f| {
+            if let Some(p) = plan {
+                p.answered(&self.service_times, self.opts.spin);
+            }
+            Ok(f)
+        };
         let mut sh = lock(&s.shared);
         loop {
             if let Some(f) = sh.completed.remove(&id) {
-                return Ok(f);
+                return done(f);
             }
             if let Some(d) = &sh.dead {
                 return Err(d.error());
@@ -1821,12 +1841,23 @@ impl Inner {
             }
             sh.reading = true;
             drop(sh);
+            if let Some(until) = sleep_until.take().map(|u| u.min(deadline)) {
+                // An early answer ends the sleep; a poll that catches the
+                // answer saves the blocking read's wake-up.
+                let conn = lock(&s.reader);
+                let now = Instant::now();
+                let woken = until <= now || conn.wait_readable(until - now).unwrap_or(true);
+                if let Some(p) = plan.filter(|_| !woken) {
+                    let caught = conn.poll_readable(self.opts.spin).unwrap_or(true);
+                    self.service_times.polled(p.key, caught);
+                }
+            }
             // A deadline shorter than the socket's read timeout is waited
             // for here, between messages: a read would outlast it.
             let short = timeout < self.opts.timeout;
             let ready = !short
                 || lock(&s.reader)
-                    .wait_readable(deadline - now)
+                    .wait_readable(deadline.saturating_duration_since(Instant::now()))
                     .unwrap_or(true);
             let r = if ready {
                 self.read_frame(s)
@@ -1840,7 +1871,8 @@ impl Inner {
                     sh.pending.remove(id);
                     // Another waiter may be parked until the reader role is free.
                     s.wake(&sh);
-                    return Ok(f);
+                    drop(sh);
+                    return done(f);
                 }
                 other => self.absorb(&mut sh, other),
             }

@@ -1,7 +1,7 @@
-//! [`ServiceTimes`]: how long one shared-memory session's answers take, per
-//! kind of request (model and input size), so that a caller waiting for a
-//! slow model sleeps through its compute and polls only near the predicted
-//! completion.
+//! [`ServiceTimes`]: how long one session's answers take, per kind of
+//! request (model and input size), so that a caller waiting for a slow
+//! model sleeps through its compute and polls only near the predicted
+//! completion. Used by shared-memory and socket sessions alike.
 //!
 //! Why: a waiting shm client polls (default 200 µs) before it sleeps. For a
 //! model that answers within the poll that is the fastest wait there is;
@@ -9,12 +9,17 @@
 //! the compute and takes a CPU from the model (on 2 cores, with the agent's
 //! session thread and ONNX Runtime's pool, one MobileNetV2 client's p99
 //! read 10 ms against 5.6 ms over unix), and when it ends before the answer
-//! comes, the answer costs a futex wake-up. So each kind's waits start in
+//! comes, the answer costs a futex wake-up. (Over sockets the poll stops
+//! by itself for slow answers, `transport::spin::SpinGate`, and each
+//! answer costs a blocking read's wake-up instead: one MobileNetV2 client's
+//! p99 read 4–7 ms for a 2 ms run.) So each kind's waits start in
 //! the fast mode and stay there, reading no clock, while the poll catches
 //! the answers. A poll that misses switches the kind to the timed mode: its
-//! requests note when they were sent, and the wait sleeps (futex: an early
-//! answer still wakes it) until [`LEAD`] before the estimated completion,
-//! then polls as before (a sleep shorter than [`MIN_NAP`] is not taken).
+//! requests note when they were sent, and the wait sleeps (futex, or
+//! `poll(2)` on a socket: an early answer still wakes it) until [`LEAD`]
+//! before the estimated completion, then polls (a sleep shorter than
+//! [`MIN_NAP`] is not taken). Socket waits read the clock anyway (their
+//! deadline), so they time every request and need no missed poll to start.
 //! The estimate follows a low percentile of the recent waits: it drops to a
 //! shorter wait at once and rises by an eighth of a longer one, so one slow
 //! answer does not make the next wait sleep past its answer. A timed wait
@@ -23,14 +28,20 @@
 //! it: when that is more than half the estimate, there is no completion to
 //! predict (many clients queued on one model: each answer's wait depends on
 //! its place in the queue), and the wait goes as in the fast mode, polling
-//! at once, then sleeping.
+//! at once, then sleeping. And a kind whose polls after the sleep keep
+//! missing (its answers come later than the estimate by more than the
+//! poll) stops sleeping first, as sockets' `SpinGate` stops spinning: a
+//! sleep then a poll that misses then a sleep cost two wake-ups where one
+//! would do (16 MobileNetV2 clients over unix: +9–22 % CPU a request).
+//! One wait in [`PROBE_EVERY`] still tries, to notice when the answers
+//! come on time again.
 //!
 //! A kind is the model and the request's payload size ([`ServiceTimes::key`]):
 //! a model's compute often grows with its input (a classifier's sequence
 //! length). Kinds share [`SLOTS`] slots by hash (a collision only blends two
 //! estimates: waits stay correct, the agent wakes a sleeper early or late).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Slots per session; kinds of request map onto them by hash.
@@ -47,6 +58,14 @@ pub(crate) const LEAD: Duration = Duration::from_micros(150);
 /// spent 25 % more CPU a request with naps of ~100 µs.)
 pub(crate) const MIN_NAP: Duration = Duration::from_micros(300);
 
+/// Missed polls after a sleep (net of catches) after which a kind stops
+/// sleeping first (but for probes).
+pub(crate) const MISS_LIMIT: u32 = 8;
+/// While a kind does not sleep first, one wait in this many still does (a
+/// probe costs a wake-up and a poll of up to 200 µs: one in 16 cost 16
+/// queued MobileNetV2 clients over unix 5–10 % more CPU a request).
+pub(crate) const PROBE_EVERY: u32 = 64;
+
 /// Slot value of a model whose answers come while the caller polls.
 const FAST: u64 = 0;
 /// Slot value of a model to time whose wait has no estimate yet.
@@ -58,6 +77,8 @@ pub(crate) struct ServiceTimes {
     slots: [AtomicU64; SLOTS],
     /// Mean deviation of the timed waits from the estimate, ns.
     spreads: [AtomicU64; SLOTS],
+    /// Polls after a sleep that missed in a row, plus polls skipped since.
+    misses: [AtomicU32; SLOTS],
 }
 
 /// How a request's wait should go: what [`ServiceTimes::expect`] says when
@@ -82,6 +103,7 @@ impl Default for ServiceTimes {
         ServiceTimes {
             slots: std::array::from_fn(|_| AtomicU64::new(FAST)),
             spreads: std::array::from_fn(|_| AtomicU64::new(0)),
+            misses: std::array::from_fn(|_| AtomicU32::new(0)),
         }
     }
 }
@@ -114,6 +136,42 @@ impl ServiceTimes {
         Expect::Timed {
             after: Duration::from_nanos(after),
             spread: Duration::from_nanos(self.spread(key).load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Whether a wait of kind `key` may sleep first and poll after: while
+    /// its polls there catch the answers, and one wait in [`PROBE_EVERY`]
+    /// once [`MISS_LIMIT`] of them in a row missed.
+    pub(crate) fn may_sleep_first(&self, key: u32) -> bool {
+        let misses = &self.misses[key as usize % SLOTS];
+        if misses.load(Ordering::Relaxed) < MISS_LIMIT {
+            return true;
+        }
+        let n = misses
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_sub(MISS_LIMIT);
+        n.is_multiple_of(PROBE_EVERY)
+    }
+
+    /// How a poll after a sleep of kind `key` ended: `true` if it caught
+    /// the answer.
+    ///
+    /// A catch takes one miss back, so the sleeps go on while more than half
+    /// the polls catch (a reset on each catch kept 16 queued clients, whose
+    /// polls catch now and then by chance, sleeping and missing: +10 % CPU
+    /// a request over unix); a probe that catches reopens a closed kind.
+    pub(crate) fn polled(&self, key: u32, caught: bool) {
+        let misses = &self.misses[key as usize % SLOTS];
+        if caught {
+            let _ = misses.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                Some(if m >= MISS_LIMIT {
+                    MISS_LIMIT / 2
+                } else {
+                    m.saturating_sub(1)
+                })
+            });
+        } else {
+            misses.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -164,30 +222,47 @@ pub(crate) struct WaitPlan {
     pub(crate) key: u32,
     /// How the wait should go.
     pub(crate) expect: Expect,
-    /// When the request was sent; `Some` exactly in the timed mode.
+    /// When the request was sent; `Some` in the timed mode.
     pub(crate) sent_at: Option<Instant>,
+    /// Whether the wait sleeps until the estimate, then polls (see
+    /// [`WaitPlan::sleep_until`]).
+    sleeps: bool,
 }
 
 impl WaitPlan {
-    /// The plan for a request of kind `key` sent now.
-    pub(crate) fn now(times: &ServiceTimes, key: u32) -> WaitPlan {
+    /// The plan for a request of kind `key` sent now; `always_time`: note
+    /// the send time in the fast mode too (a wait that reads the clock
+    /// anyway learns from every answer instead of from missed polls).
+    pub(crate) fn now(times: &ServiceTimes, key: u32, always_time: bool) -> WaitPlan {
         let expect = times.expect(key);
-        let sent_at = matches!(expect, Expect::Timed { .. }).then(Instant::now);
+        let sent_at = (always_time || matches!(expect, Expect::Timed { .. })).then(Instant::now);
+        let nap = expect.nap(Duration::ZERO);
+        let sleeps = sent_at.is_some()
+            && nap >= MIN_NAP
+            && expect.predictable()
+            && times.may_sleep_first(key);
         WaitPlan {
             key,
             expect,
             sent_at,
+            sleeps,
+        }
+    }
+
+    /// The answer came: a timed plan updates the estimate of its kind.
+    /// `poll`: the caller's polling budget.
+    pub(crate) fn answered(&self, times: &ServiceTimes, poll: Duration) {
+        if let Some(at) = self.sent_at {
+            times.record(self.key, at.elapsed(), poll);
         }
     }
 
     /// Until when the wait should sleep before it polls (`None`: poll at
-    /// once: the sleep would be shorter than [`MIN_NAP`], or the waits
-    /// scatter too widely to predict).
+    /// once: the sleep would be shorter than [`MIN_NAP`], the waits scatter
+    /// too widely to predict, or the polls after such sleeps keep missing).
     pub(crate) fn sleep_until(&self) -> Option<Instant> {
         let nap = self.expect.nap(Duration::ZERO);
-        self.sent_at
-            .filter(|_| nap >= MIN_NAP && self.expect.predictable())
-            .map(|at| at + nap)
+        self.sent_at.filter(|_| self.sleeps).map(|at| at + nap)
     }
 }
 
@@ -290,29 +365,29 @@ mod tests {
             t.record(7, Duration::from_micros(took), POLL);
         }
         assert!(t.expect(7).predictable());
-        assert!(WaitPlan::now(&t, 7).sleep_until().is_some());
+        assert!(WaitPlan::now(&t, 7, false).sleep_until().is_some());
         // Then queued behind others: each wait depends on its place.
         for took in [2000, 9000, 4000, 12000, 3000, 8000, 2500, 15000] {
             t.record(7, Duration::from_micros(took), POLL);
         }
         assert!(!t.expect(7).predictable(), "{:?}", t.expect(7));
-        assert!(WaitPlan::now(&t, 7).sleep_until().is_none());
+        assert!(WaitPlan::now(&t, 7, false).sleep_until().is_none());
     }
 
     #[test]
     fn only_a_timed_plan_reads_the_clock_and_sleeps() {
         let t = ServiceTimes::default();
-        let fast = WaitPlan::now(&t, 2);
+        let fast = WaitPlan::now(&t, 2, false);
         assert!(fast.sent_at.is_none() && fast.sleep_until().is_none());
         t.missed(2);
-        let measuring = WaitPlan::now(&t, 2);
+        let measuring = WaitPlan::now(&t, 2, false);
         assert!(measuring.sent_at.is_some() && measuring.sleep_until().is_none());
         t.record(2, ms(3), POLL);
-        let timed = WaitPlan::now(&t, 2);
+        let timed = WaitPlan::now(&t, 2, false);
         let (sent, until) = (timed.sent_at.unwrap(), timed.sleep_until().unwrap());
         assert_eq!(until - sent, ms(3) - LEAD);
         t.record(2, LEAD + MIN_NAP - Duration::from_micros(1), POLL);
-        let short = WaitPlan::now(&t, 2);
+        let short = WaitPlan::now(&t, 2, false);
         assert!(short.sent_at.is_some(), "still timed");
         assert!(
             short.sleep_until().is_none(),
@@ -331,8 +406,20 @@ mod tests {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
+        agent_at(&format!("shm://{name}"))
+    }
+
+    /// The same over a Unix socket (in a directory of its own).
+    fn unix_agent() -> (server::Agent, crate::Client, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let uri = format!("unix://{}", dir.path().join("agent.sock").display());
+        let (agent, c) = agent_at(&uri);
+        (agent, c, dir)
+    }
+
+    fn agent_at(uri: &str) -> (server::Agent, crate::Client) {
         let mut cfg = server::AgentConfig::default();
-        cfg.add_listen(&format!("shm://{name}")).expect("listen");
+        cfg.add_listen(uri).expect("listen");
         cfg.models.push(server::ModelConfig::new(
             "mobilenetv2",
             concat!(
@@ -341,17 +428,23 @@ mod tests {
             ),
         ));
         let agent = server::Agent::start(cfg).expect("agent starts");
-        let c = crate::Client::connect(&format!("shm://{name}")).expect("connect");
+        let c = crate::Client::connect(uri).expect("connect");
         (agent, c)
     }
 
     fn times(c: &crate::Client) -> &ServiceTimes {
-        c.inner.shm_link().expect("an shm session").service_times()
+        c.inner.service_times()
     }
 
     #[test]
     fn a_model_that_computes_for_milliseconds_is_timed_and_identity_stays_fast() {
         let (_agent, c) = shm_agent();
+        milliseconds_are_timed_and_microseconds_polled(&c);
+        let (_agent, c, _dir) = unix_agent();
+        milliseconds_are_timed_and_microseconds_polled(&c);
+    }
+
+    fn milliseconds_are_timed_and_microseconds_polled(c: &crate::Client) {
         let net = c.model("mobilenetv2").expect("served");
         let image = vec![0.5f32; 3 * 224 * 224];
         for _ in 0..4 {
@@ -359,7 +452,7 @@ mod tests {
             net.infer(&[input]).expect("a run");
         }
         let kind = ServiceTimes::key(net.id(), (image.len() * 4) as u64);
-        match times(&c).expect(kind) {
+        match times(c).expect(kind) {
             Expect::Timed { after, .. } => assert!(
                 after > Duration::from_micros(500),
                 "MobileNetV2 answers in {after:?}?"
@@ -374,7 +467,7 @@ mod tests {
             identity
                 .infer(&[crate::TensorRef::from_slice(&[64], &x).expect("input")])
                 .expect("echo");
-            times(&c).expect(ServiceTimes::key(identity.id(), 64)) == Expect::Fast
+            times(c).expect(ServiceTimes::key(identity.id(), 64)) == Expect::Fast
         });
         assert!(fast, "identity's waits never went back to polling at once");
     }
@@ -382,11 +475,17 @@ mod tests {
     #[test]
     fn an_answer_that_comes_while_the_waiter_sleeps_wakes_it() {
         let (_agent, c) = shm_agent();
+        an_early_answer_wakes(&c);
+        let (_agent, c, _dir) = unix_agent();
+        an_early_answer_wakes(&c);
+    }
+
+    fn an_early_answer_wakes(c: &crate::Client) {
         let identity = c.model("identity").expect("served");
         // As if identity took 3 s: its waits would sleep for ~3 s.
         let kind = ServiceTimes::key(identity.id(), 64);
-        times(&c).missed(kind);
-        times(&c).record(kind, Duration::from_secs(3), POLL);
+        times(c).missed(kind);
+        times(c).record(kind, Duration::from_secs(3), POLL);
         let x: Vec<u32> = (0..16).collect();
         let t0 = Instant::now();
         let r = identity
@@ -398,7 +497,7 @@ mod tests {
             t0.elapsed()
         );
         assert_eq!(r.outputs[0].to_vec::<u32>().expect("u32"), x);
-        match times(&c).expect(kind) {
+        match times(c).expect(kind) {
             Expect::Timed { after, .. } => assert!(after < Duration::from_secs(1), "{after:?}"),
             Expect::Fast => {} // it came within the poll
         }
@@ -407,10 +506,16 @@ mod tests {
     #[test]
     fn sleeping_waits_keep_pipelined_answers_apart() {
         let (_agent, c) = shm_agent();
+        pipelined_answers_stay_apart(&c);
+        let (_agent, c, _dir) = unix_agent();
+        pipelined_answers_stay_apart(&c);
+    }
+
+    fn pipelined_answers_stay_apart(c: &crate::Client) {
         let identity = c.model("identity").expect("served");
         let kind = ServiceTimes::key(identity.id(), 32);
-        times(&c).missed(kind);
-        times(&c).record(kind, Duration::from_secs(2), POLL);
+        times(c).missed(kind);
+        times(c).record(kind, Duration::from_secs(2), POLL);
         let inputs: Vec<[u32; 8]> = (0..8).map(|i| [i; 8]).collect();
         let t0 = Instant::now();
         let tickets: Vec<_> = inputs
@@ -430,6 +535,54 @@ mod tests {
             );
         }
         assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn sleeps_whose_polls_keep_missing_stop_but_for_probes() {
+        let t = ServiceTimes::default();
+        for _ in 0..MISS_LIMIT {
+            assert!(t.may_sleep_first(3));
+            t.polled(3, false);
+        }
+        let tries = (0..2 * PROBE_EVERY)
+            .filter(|_| t.may_sleep_first(3))
+            .count();
+        assert_eq!(tries, 2, "one probe in {PROBE_EVERY}");
+        assert!(t.may_sleep_first(4), "other kinds keep sleeping first");
+        t.polled(3, true); // a probe caught its answer
+        assert!(t.may_sleep_first(3));
+        // Three polls in four catching keep it sleeping first; one in three
+        // mostly does not (catches drawn at random: a fixed pattern would line the
+        // probes up with its catches).
+        let sleeps = |key: u32, catch_in: u64, of: u64| {
+            let mut rng = 0x2545_F491_4F6C_DD1D_u64;
+            let steps = 40 * PROBE_EVERY as usize;
+            let mut polls = 0;
+            for _ in 0..steps {
+                if t.may_sleep_first(key) {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    t.polled(key, rng % of < catch_in);
+                    polls += 1;
+                }
+            }
+            polls as f64 / steps as f64
+        };
+        assert!(sleeps(10, 3, 4) > 0.9, "{}", sleeps(12, 3, 4));
+        assert!(sleeps(11, 1, 3) < 0.4, "{}", sleeps(13, 1, 3));
+        t.polled(3, true);
+        // A timed plan of a kind that misses does not sleep.
+        t.missed(3);
+        t.record(3, ms(3), POLL);
+        assert!(WaitPlan::now(&t, 3, false).sleep_until().is_some());
+        for _ in 0..MISS_LIMIT {
+            t.polled(3, false);
+        }
+        let sleeping = (0..PROBE_EVERY)
+            .filter(|_| WaitPlan::now(&t, 3, false).sleep_until().is_some())
+            .count();
+        assert_eq!(sleeping, 1);
     }
 
     #[test]

@@ -455,9 +455,6 @@ pub(crate) struct ShmLink {
     movers: MoverCounters,
     /// The agent pulls inputs named by address (its arena's features).
     pull: bool,
-    /// How long each model's answers take: whether a wait polls at once or
-    /// sleeps through the compute first.
-    service_times: ServiceTimes,
 }
 
 impl ShmLink {
@@ -534,7 +531,6 @@ impl ShmLink {
                 mover,
                 movers: MoverCounters::default(),
                 pull,
-                service_times: ServiceTimes::default(),
             },
             limits,
         ))
@@ -785,28 +781,18 @@ impl ShmLink {
         }
     }
 
-    /// The session's wait estimates (tests).
-    #[cfg(test)]
-    pub(crate) fn service_times(&self) -> &ServiceTimes {
-        &self.service_times
-    }
-
-    /// How the wait for a request to `model` with `payload_len` bytes of
-    /// input, sent now, should go (see [`crate::service_time`]).
-    pub(crate) fn plan(&self, model: u32, payload_len: u64) -> WaitPlan {
-        WaitPlan::now(&self.service_times, ServiceTimes::key(model, payload_len))
-    }
-
-    /// Waits for the message answering `id`, as `plan` says (a request's;
-    /// `None` for control messages: poll at once).
+    /// Waits for the message answering `id`, as `plan` says (a request's,
+    /// with the session's estimates it came from and updates; `None` for
+    /// control messages: poll at once).
     pub(crate) fn wait_for(
         &self,
         id: u64,
         timeout: Duration,
         spin: Duration,
         recv_limits: &Limits,
-        plan: Option<&WaitPlan>,
+        plan: Option<(&WaitPlan, &ServiceTimes)>,
     ) -> Result<(Header, Vec<u8>), ClientError> {
+        let (plan, times) = plan.unzip();
         // A response that comes while this caller spins (the common case)
         // costs no `clock_gettime`: the deadline is fixed only when the
         // first chunk of waiting ends without it.
@@ -820,19 +806,19 @@ impl ShmLink {
         let learn = plan
             .filter(|p| p.expect == Expect::Fast && !spin.is_zero())
             .map(|p| p.key);
-        let mut chunk = if learn.is_some() {
+        // After a sleep, the poll is a pass of its own too, to see if it
+        // caught the answer.
+        let judge = plan
+            .filter(|_| sleep_until.is_some() && !spin.is_zero())
+            .map(|p| p.key);
+        let mut chunk = if learn.is_some() || judge.is_some() {
             FIRST_CHUNK / 2
         } else {
             FIRST_CHUNK
         };
         let done = |m| {
-            if let Some(WaitPlan {
-                key,
-                sent_at: Some(at),
-                ..
-            }) = plan
-            {
-                self.service_times.record(*key, at.elapsed(), spin);
+            if let Some((p, t)) = plan.zip(times) {
+                p.answered(t, spin);
             }
             Ok(m)
         };
@@ -906,7 +892,7 @@ impl ShmLink {
                 },
             };
             let first_poll = !napping && !spun;
-            let limit = limit.unwrap_or_else(|| match learn {
+            let limit = limit.unwrap_or_else(|| match learn.or(judge) {
                 Some(_) => timeout.min(spin),
                 None => timeout.min(policy.spin + chunk),
             });
@@ -928,8 +914,9 @@ impl ShmLink {
             sh.reading = false;
             match r {
                 None | Some(Err(ShmError::TimedOut)) => {
-                    if let Some(key) = learn.filter(|_| first_poll) {
-                        self.service_times.missed(key);
+                    if let Some(t) = times.filter(|_| first_poll) {
+                        learn.inspect(|&key| t.missed(key));
+                        judge.inspect(|&key| t.polled(key, false));
                     }
                     if self.yielder.is_wanted() {
                         // A sender asked for the channel: let it run
@@ -944,6 +931,9 @@ impl ShmLink {
                     sh.pending.remove(id);
                     self.wake(&sh);
                     drop(sh);
+                    if let Some((key, t)) = judge.filter(|_| first_poll).zip(times) {
+                        t.polled(key, true);
+                    }
                     return done(m);
                 }
                 Some(Ok(m)) => self.absorb(&mut sh, m),

@@ -762,6 +762,46 @@ impl StreamConn {
         }
     }
 
+    /// Polls for up to `budget` for something to read, without blocking:
+    /// `true` as soon as there is, `false` once the budget is spent. For a
+    /// caller that expects its answer about now (a client that slept until
+    /// just before its model's usual completion): catching the answer here
+    /// saves the wake-up a blocking read would need. It polls in one of
+    /// the process's polling slots, as reads that spin do ([`SOCKET_POLLERS`]);
+    /// with none free it returns `false` at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::os::unix::net::UnixStream;
+    /// use std::time::Duration;
+    /// use transport::StreamConn;
+    /// use wire::{Header, Kind};
+    /// let (a, b) = UnixStream::pair()?;
+    /// let (a, b) = (StreamConn::from_unix(a, "a".into()), StreamConn::from_unix(b, "b".into()));
+    /// assert!(!b.poll_readable(Duration::from_micros(50))?);
+    /// a.send(&Header::new(Kind::Ping), &[], &[])?;
+    /// assert!(b.poll_readable(Duration::from_millis(100))?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn poll_readable(&self, budget: Duration) -> io::Result<bool> {
+        if self.has_buffered() {
+            return Ok(true);
+        }
+        let Some(_slot) = self.slots.try_take() else {
+            return Ok(false);
+        };
+        let mut spin = Spin::new(budget, SOCKET_POLLS_PER_CHECK);
+        loop {
+            if self.wait_readable(Duration::ZERO)? {
+                return Ok(true);
+            }
+            if !spin.again() {
+                return Ok(false);
+            }
+        }
+    }
+
     /// True when bytes of a next message are already buffered (no syscall).
     ///
     /// # Examples
