@@ -436,12 +436,23 @@ mod tests {
         c.inner.service_times()
     }
 
+    /// Runs `check` against a fresh agent over shm, then over unix.
+    fn on_shm_and_unix(check: fn(&crate::Client)) {
+        let (_agent, c) = shm_agent();
+        check(&c);
+        let (_agent, c, _dir) = unix_agent();
+        check(&c);
+    }
+
+    /// Makes `kind`'s waits expect `took`, as if its answers took that long.
+    fn pretend(c: &crate::Client, kind: u32, took: Duration) {
+        times(c).missed(kind);
+        times(c).record(kind, took, POLL);
+    }
+
     #[test]
     fn a_model_that_computes_for_milliseconds_is_timed_and_identity_stays_fast() {
-        let (_agent, c) = shm_agent();
-        milliseconds_are_timed_and_microseconds_polled(&c);
-        let (_agent, c, _dir) = unix_agent();
-        milliseconds_are_timed_and_microseconds_polled(&c);
+        on_shm_and_unix(milliseconds_are_timed_and_microseconds_polled);
     }
 
     fn milliseconds_are_timed_and_microseconds_polled(c: &crate::Client) {
@@ -474,18 +485,14 @@ mod tests {
 
     #[test]
     fn an_answer_that_comes_while_the_waiter_sleeps_wakes_it() {
-        let (_agent, c) = shm_agent();
-        an_early_answer_wakes(&c);
-        let (_agent, c, _dir) = unix_agent();
-        an_early_answer_wakes(&c);
+        on_shm_and_unix(an_early_answer_wakes);
     }
 
     fn an_early_answer_wakes(c: &crate::Client) {
         let identity = c.model("identity").expect("served");
         // As if identity took 3 s: its waits would sleep for ~3 s.
         let kind = ServiceTimes::key(identity.id(), 64);
-        times(c).missed(kind);
-        times(c).record(kind, Duration::from_secs(3), POLL);
+        pretend(c, kind, Duration::from_secs(3));
         let x: Vec<u32> = (0..16).collect();
         let t0 = Instant::now();
         let r = identity
@@ -505,17 +512,13 @@ mod tests {
 
     #[test]
     fn sleeping_waits_keep_pipelined_answers_apart() {
-        let (_agent, c) = shm_agent();
-        pipelined_answers_stay_apart(&c);
-        let (_agent, c, _dir) = unix_agent();
-        pipelined_answers_stay_apart(&c);
+        on_shm_and_unix(pipelined_answers_stay_apart);
     }
 
     fn pipelined_answers_stay_apart(c: &crate::Client) {
         let identity = c.model("identity").expect("served");
         let kind = ServiceTimes::key(identity.id(), 32);
-        times(c).missed(kind);
-        times(c).record(kind, Duration::from_secs(2), POLL);
+        pretend(c, kind, Duration::from_secs(2));
         let inputs: Vec<[u32; 8]> = (0..8).map(|i| [i; 8]).collect();
         let t0 = Instant::now();
         let tickets: Vec<_> = inputs
