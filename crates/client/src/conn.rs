@@ -90,7 +90,10 @@ pub struct ClientOptions {
     /// once. Polling saves the wake-up (tens of µs on a virtual machine)
     /// when the response comes within the budget, and burns this core
     /// meanwhile; over a socket, a connection whose responses keep coming
-    /// later stops polling by itself (`transport::spin::SpinGate`).
+    /// later stops polling by itself (`transport::spin::SpinGate`). For a
+    /// model whose answers take longer but come on time, a call sleeps
+    /// until shortly before the answer is due and polls only then (see
+    /// the README, "Waiting for an answer"); zero turns that off too.
     pub spin: Duration,
     /// The bearer token that names this client's tenant in the agent (its
     /// Hello carries it; 1..=1024 bytes). `None`: the agent knows the
