@@ -388,7 +388,7 @@ enum Link {
 
 pub(crate) struct Inner {
     link: Link,
-    uri: String,
+    pub(crate) uri: String,
     pub(crate) opts: ClientOptions,
     limits: Limits,
     recv_limits: Limits,
@@ -518,7 +518,7 @@ pub(crate) struct Sent {
     pub(crate) pins: Vec<Arc<Allocation>>,
     /// Shared memory: the mover of the largest input.
     mover: Option<transport::mover::Mover>,
-    /// Shared memory: how the wait for the answer should go.
+    /// Shared memory and sockets: how the wait for the answer should go.
     plan: Option<WaitPlan>,
 }
 
@@ -1474,8 +1474,13 @@ impl Model {
         let plan = match &inner.link {
             Link::Inproc { .. } => None,
             Link::Shm(_) => Some(WaitPlan::now(&inner.service_times, kind, false)),
-            // A stream's wait reads the clock anyway (its deadline).
-            Link::Stream(_) => Some(WaitPlan::now(&inner.service_times, kind, true)),
+            // A stream's wait reads the clock anyway (its deadline); a
+            // client that never polls (`spin` zero) never sleeps first.
+            Link::Stream(_) => Some(WaitPlan::now(
+                &inner.service_times,
+                kind,
+                !inner.opts.spin.is_zero(),
+            )),
         };
         inner.stats.requests.fetch_add(1, Ordering::Relaxed);
         let sent_ns = stamp_if(timed);
@@ -1771,8 +1776,8 @@ impl Inner {
         })
     }
 
-    /// Waits for the answer to `id`; `plan` says how over shared memory
-    /// (a request's; `None`: poll at once).
+    /// Waits for the answer to `id`; `plan` says how (a request's; `None`:
+    /// poll at once, as control messages do).
     fn wait_for(
         &self,
         id: u64,

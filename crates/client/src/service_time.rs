@@ -484,6 +484,30 @@ mod tests {
     }
 
     #[test]
+    fn a_client_that_never_polls_never_sleeps_first() {
+        on_shm_and_unix(never_polls_never_times);
+    }
+
+    /// A second session on `c`'s agent, with `spin` zero: its waits for a
+    /// 2 ms model stay in the fast mode (sleep at once, as asked).
+    fn never_polls_never_times(c: &crate::Client) {
+        let uri = c.inner.uri.clone();
+        let opts = crate::ClientOptions {
+            spin: Duration::ZERO,
+            ..Default::default()
+        };
+        let c = crate::Client::connect_with(&uri, opts).expect("connect");
+        let net = c.model("mobilenetv2").expect("served");
+        let image = vec![0.5f32; 3 * 224 * 224];
+        for _ in 0..3 {
+            let input = crate::TensorRef::from_slice(&[1, 3, 224, 224], &image).expect("input");
+            net.infer(&[input]).expect("a run");
+        }
+        let kind = ServiceTimes::key(net.id(), (image.len() * 4) as u64);
+        assert_eq!(times(&c).expect(kind), Expect::Fast);
+    }
+
+    #[test]
     fn an_answer_that_comes_while_the_waiter_sleeps_wakes_it() {
         on_shm_and_unix(an_early_answer_wakes);
     }

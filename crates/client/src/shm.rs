@@ -912,9 +912,14 @@ impl ShmLink {
             };
             sh = lock(&self.shared);
             sh.reading = false;
+            // A poll that ran out (not one a sender cut short, nor one that
+            // found the answer filed by a sender) missed.
+            let missed = first_poll
+                && matches!(r, Some(Err(ShmError::TimedOut)))
+                && !self.yielder.is_wanted();
             match r {
                 None | Some(Err(ShmError::TimedOut)) => {
-                    if let Some(t) = times.filter(|_| first_poll) {
+                    if let Some(t) = times.filter(|_| missed) {
                         learn.inspect(|&key| t.missed(key));
                         judge.inspect(|&key| t.polled(key, false));
                     }
