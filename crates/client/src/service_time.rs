@@ -71,14 +71,21 @@ const FAST: u64 = 0;
 /// Slot value of a model to time whose wait has no estimate yet.
 const UNKNOWN: u64 = 1;
 
-/// Per-model wait estimates of one session (see the module docs).
+/// Per-kind wait estimates of one session (see the module docs).
 pub(crate) struct ServiceTimes {
-    /// Estimated wait in ns, or [`FAST`] / [`UNKNOWN`].
-    slots: [AtomicU64; SLOTS],
+    slots: [Slot; SLOTS],
+}
+
+/// What one slot knows about its kinds' waits.
+#[derive(Default)]
+struct Slot {
+    /// Estimated wait in ns, or [`FAST`] (0) / [`UNKNOWN`].
+    estimate: AtomicU64,
     /// Mean deviation of the timed waits from the estimate, ns.
-    spreads: [AtomicU64; SLOTS],
-    /// Polls after a sleep that missed in a row, plus polls skipped since.
-    misses: [AtomicU32; SLOTS],
+    spread: AtomicU64,
+    /// Polls after a sleep that missed, net of catches, plus the waits
+    /// that did not sleep first since the count reached [`MISS_LIMIT`].
+    misses: AtomicU32,
 }
 
 /// How a request's wait should go: what [`ServiceTimes::expect`] says when
@@ -87,9 +94,9 @@ pub(crate) struct ServiceTimes {
 pub(crate) enum Expect {
     /// Poll at once, read no clock (the answer is expected within the poll).
     Fast,
-    /// Time the wait; sleep until [`LEAD`] before `after` has passed since
-    /// the request was sent (zero: poll at once, only measure), then poll
-    /// unless the waits deviate from `after` by more than the poll.
+    /// Time the wait; if the waits are predictable, sleep until [`LEAD`]
+    /// before `after` has passed since the request was sent (zero: poll at
+    /// once, only measure), then poll.
     Timed {
         /// The estimated wait.
         after: Duration,
@@ -101,9 +108,7 @@ pub(crate) enum Expect {
 impl Default for ServiceTimes {
     fn default() -> ServiceTimes {
         ServiceTimes {
-            slots: std::array::from_fn(|_| AtomicU64::new(FAST)),
-            spreads: std::array::from_fn(|_| AtomicU64::new(0)),
-            misses: std::array::from_fn(|_| AtomicU32::new(0)),
+            slots: std::array::from_fn(|_| Slot::default()),
         }
     }
 }
@@ -118,24 +123,21 @@ impl ServiceTimes {
         (h >> 40) as u32
     }
 
-    fn slot(&self, key: u32) -> &AtomicU64 {
+    fn slot(&self, key: u32) -> &Slot {
         &self.slots[key as usize % SLOTS]
-    }
-
-    fn spread(&self, key: u32) -> &AtomicU64 {
-        &self.spreads[key as usize % SLOTS]
     }
 
     /// How the next wait for a request of kind `key` should go.
     pub(crate) fn expect(&self, key: u32) -> Expect {
-        let after = match self.slot(key).load(Ordering::Relaxed) {
+        let slot = self.slot(key);
+        let after = match slot.estimate.load(Ordering::Relaxed) {
             FAST => return Expect::Fast,
             UNKNOWN => 0,
             ns => ns,
         };
         Expect::Timed {
             after: Duration::from_nanos(after),
-            spread: Duration::from_nanos(self.spread(key).load(Ordering::Relaxed)),
+            spread: Duration::from_nanos(slot.spread.load(Ordering::Relaxed)),
         }
     }
 
@@ -143,7 +145,7 @@ impl ServiceTimes {
     /// its polls there catch the answers, and one wait in [`PROBE_EVERY`]
     /// once [`MISS_LIMIT`] of them in a row missed.
     pub(crate) fn may_sleep_first(&self, key: u32) -> bool {
-        let misses = &self.misses[key as usize % SLOTS];
+        let misses = &self.slot(key).misses;
         if misses.load(Ordering::Relaxed) < MISS_LIMIT {
             return true;
         }
@@ -161,7 +163,7 @@ impl ServiceTimes {
     /// polls catch now and then by chance, sleeping and missing: +10 % CPU
     /// a request over unix); a probe that catches reopens a closed kind.
     pub(crate) fn polled(&self, key: u32, caught: bool) {
-        let misses = &self.misses[key as usize % SLOTS];
+        let misses = &self.slot(key).misses;
         if caught {
             let _ = misses.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
                 Some(if m >= MISS_LIMIT {
@@ -179,9 +181,12 @@ impl ServiceTimes {
     /// time the next ones.
     pub(crate) fn missed(&self, key: u32) {
         // Only from FAST: a timed kind keeps its estimate.
-        let _ =
-            self.slot(key)
-                .compare_exchange(FAST, UNKNOWN, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self.slot(key).estimate.compare_exchange(
+            FAST,
+            UNKNOWN,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// A timed wait for a request of kind `key` took `took` from send to
@@ -193,14 +198,14 @@ impl ServiceTimes {
         let next = if took <= poll {
             FAST
         } else {
-            match slot.load(Ordering::Relaxed) {
+            match slot.estimate.load(Ordering::Relaxed) {
                 // FAST: another thread's fast answer came in between.
                 FAST | UNKNOWN => took_ns,
                 est => {
-                    let spread = self.spread(key);
-                    let dev = spread.load(Ordering::Relaxed);
+                    let dev = slot.spread.load(Ordering::Relaxed);
                     let off = took_ns.abs_diff(est);
-                    spread.store(dev - dev / 8 + off / 8, Ordering::Relaxed);
+                    slot.spread
+                        .store(dev - dev / 8 + off / 8, Ordering::Relaxed);
                     if took_ns <= est {
                         took_ns
                     } else {
@@ -210,7 +215,8 @@ impl ServiceTimes {
             }
         };
         // Never store the markers as an estimate.
-        slot.store(if next == UNKNOWN { 2 } else { next }, Ordering::Relaxed);
+        slot.estimate
+            .store(if next == UNKNOWN { 2 } else { next }, Ordering::Relaxed);
     }
 }
 
