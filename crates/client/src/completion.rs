@@ -15,6 +15,13 @@
 //! like a dropped ticket and completes with [`ClientError::Timeout`]; when
 //! the session ends, every watched request completes with its error.
 //!
+//! The thread waits as a caller would ([`crate::service_time`]): over shm
+//! it polls once for a request whose answer is expected at once, sleeps
+//! while the answers it watches are not yet due (a slow model's compute,
+//! which its poll would take a core from), and sleeps after a poll that
+//! ran out, until an answer wakes it; what it sees teaches the session's
+//! estimates as a caller's waits do.
+//!
 //! Callbacks run on the completion thread, one at a time: a long one
 //! delays the others (hand heavy work to another thread). A callback that
 //! panics is caught there; the others still run. With nothing to watch,
@@ -26,6 +33,7 @@
 
 use crate::conn::{Client, Sent};
 use crate::error::ClientError;
+use crate::service_time::{Expect, WaitPlan};
 use crate::{Response, Ticket};
 use std::future::{Future, IntoFuture};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -58,8 +66,25 @@ struct Job {
     client: Client,
     sent: Sent,
     deadline: Instant,
+    /// Where its wait stands.
+    watch: Watch,
     /// Taken when the request is completed.
     deliver: Option<Deliver>,
+}
+
+/// Where a watched request's wait stands: the completion thread waits for
+/// it as a caller's [`Ticket::wait`] would ([`crate::service_time`]): a
+/// kind whose answers come on time is slept through until shortly before
+/// it is due, then polled for; others are polled for at once; a poll that
+/// ran out is not repeated, the thread sleeps until an answer wakes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Watch {
+    /// Not polled for yet (or only by a poll cut short).
+    Fresh,
+    /// The last pump polled for it.
+    Polling,
+    /// Polled for without its answer: later pumps sleep for it.
+    Polled,
 }
 
 impl Drop for Job {
@@ -86,6 +111,7 @@ impl Completer {
             client,
             sent,
             deadline,
+            watch: Watch::Fresh,
             deliver: Some(deliver),
         };
         let mut tx = lock(&self.tx);
@@ -142,6 +168,8 @@ impl Job {
 /// next response, job or deadline; returns when the session is gone.
 fn run(rx: Receiver<Job>) {
     let mut jobs: Vec<Job> = Vec::new();
+    // Whether the last pump polled for its whole budget and nothing came.
+    let mut missed = false;
     loop {
         if jobs.is_empty() {
             // Nothing watched: no session reference is held while asleep,
@@ -158,7 +186,10 @@ fn run(rx: Receiver<Job>) {
             let j = &jobs[i];
             let inner = &j.client.inner;
             let r = match inner.take_done(j.sent.id) {
-                Some(Ok(frame)) => Some(inner.complete(&j.sent, frame)),
+                Some(Ok(frame)) => {
+                    learn(j, true);
+                    Some(inner.complete(&j.sent, frame))
+                }
                 Some(Err(e)) => Some(Err(e)),
                 None if now >= j.deadline => Some(Err(ClientError::Timeout(inner.opts.timeout))),
                 None => None,
@@ -176,13 +207,76 @@ fn run(rx: Receiver<Job>) {
                 None => i += 1,
             }
         }
-        if let Some(first) = jobs.first() {
-            let next = jobs.iter().map(|j| j.deadline).min().unwrap_or(now);
-            let limit = next
-                .saturating_duration_since(Instant::now())
-                .min(PUMP_SLICE);
-            first.client.inner.pump(limit);
+        // The requests the last pump polled for and did not get: polled
+        // (when that poll ran out), or to poll for again.
+        for j in jobs.iter_mut().filter(|j| j.watch == Watch::Polling) {
+            j.watch = if missed {
+                learn(j, false);
+                Watch::Polled
+            } else {
+                Watch::Fresh
+            };
         }
+        missed = false;
+        let Some(first) = jobs.first() else { continue };
+        let next = jobs.iter().map(|j| j.deadline).min().unwrap_or(now);
+        let mut limit = next
+            .saturating_duration_since(Instant::now())
+            .min(PUMP_SLICE);
+        if !first.client.inner.pump_polls() {
+            first.client.inner.pump(limit, false);
+            continue;
+        }
+        let now = Instant::now();
+        let mut poll = false;
+        for j in jobs.iter_mut().filter(|j| j.watch == Watch::Fresh) {
+            match due(j).filter(|&at| at > now) {
+                Some(at) => limit = limit.min(at - now),
+                None => {
+                    j.watch = Watch::Polling;
+                    poll = true;
+                }
+            }
+        }
+        let inner = &jobs[0].client.inner;
+        if poll {
+            // A pass of its own, to tell a poll that missed.
+            missed = inner.pump(limit.min(inner.spin()), true);
+        } else {
+            inner.pump(limit, false);
+        }
+    }
+}
+
+/// When the wait for `j` should poll ([`WaitPlan::sleep_until`]); `None`:
+/// at once.
+fn due(j: &Job) -> Option<Instant> {
+    j.sent.plan.as_ref().and_then(WaitPlan::sleep_until)
+}
+
+/// Tells the session's wait estimates how the wait for `j` went: its
+/// answer came (`answered`), or a poll for it ran out.
+fn learn(j: &Job, answered: bool) {
+    let Some(plan) = &j.sent.plan else { return };
+    let inner = &j.client.inner;
+    let times = inner.service_times();
+    if !inner.pump_polls() {
+        if answered {
+            plan.answered(times, inner.spin());
+        }
+        return;
+    }
+    let slept_first = plan.sleep_until().is_some();
+    match (answered, j.watch) {
+        // Caught by a poll: after a sleep, the sleep paid.
+        (true, Watch::Polling) if slept_first => times.polled(plan.key, true),
+        (false, _) if slept_first => times.polled(plan.key, false),
+        // A fast-mode poll that missed: time this kind from now on.
+        (false, _) if plan.expect == Expect::Fast => times.missed(plan.key),
+        _ => {}
+    }
+    if answered {
+        plan.answered(times, inner.spin());
     }
 }
 

@@ -519,7 +519,7 @@ pub(crate) struct Sent {
     /// Shared memory: the mover of the largest input.
     mover: Option<transport::mover::Mover>,
     /// Shared memory and sockets: how the wait for the answer should go.
-    plan: Option<WaitPlan>,
+    pub(crate) plan: Option<WaitPlan>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -1595,10 +1595,21 @@ impl Drop for Ticket {
 }
 
 impl Inner {
-    /// The session's wait estimates (tests).
-    #[cfg(test)]
+    /// The session's wait estimates.
     pub(crate) fn service_times(&self) -> &ServiceTimes {
         &self.service_times
+    }
+
+    /// How long a waiter of this session polls before it sleeps.
+    pub(crate) fn spin(&self) -> Duration {
+        self.opts.spin
+    }
+
+    /// Whether a [`Inner::pump`] that polls may tell a miss: over shm, where
+    /// it polls before it sleeps. A socket's pump blocks at once (its
+    /// reads poll by their own [`transport::spin::SpinGate`]).
+    pub(crate) fn pump_polls(&self) -> bool {
+        matches!(self.link, Link::Shm(_)) && !self.opts.spin.is_zero()
     }
 
     /// Waits for the response to `sent`.
@@ -1913,16 +1924,21 @@ impl Inner {
     }
 
     /// Receives and files at most one response, waiting at most `limit`
-    /// for it; when another caller is reading, waits for it to file
-    /// something instead. Responses are filed for whoever waits for them.
-    pub(crate) fn pump(&self, limit: Duration) {
+    /// for it (over shm polling first when `poll`, else sleeping at once);
+    /// when another caller is reading, waits for it to file something
+    /// instead. Responses are filed for whoever waits for them. `true`
+    /// when it polled all of `limit` and nothing came (shm only).
+    pub(crate) fn pump(&self, limit: Duration, poll: bool) -> bool {
         match &self.link {
-            Link::Inproc { .. } => {}
-            Link::Shm(s) => s.pump(limit, self.opts.spin, &self.recv_limits),
+            Link::Inproc { .. } => false,
+            Link::Shm(s) => {
+                let spin = if poll { self.opts.spin } else { Duration::ZERO };
+                s.pump(limit, spin, &self.recv_limits)
+            }
             Link::Stream(s) => {
                 let mut sh = lock(&s.shared);
                 if sh.dead.is_some() {
-                    return;
+                    return false;
                 }
                 if sh.reading {
                     sh.waiting += 1;
@@ -1931,7 +1947,7 @@ impl Inner {
                             .unwrap_or_else(|p| p.into_inner())
                             .0;
                     sh.waiting -= 1;
-                    return;
+                    return false;
                 }
                 sh.reading = true;
                 drop(sh);
@@ -1945,6 +1961,7 @@ impl Inner {
                 sh.reading = false;
                 self.absorb(&mut sh, r);
                 s.wake(&sh);
+                false
             }
         }
     }

@@ -36,6 +36,11 @@
 //! One wait in [`PROBE_EVERY`] still tries, to notice when the answers
 //! come on time again.
 //!
+//! Requests nobody waits for (callbacks, futures) are waited for by the
+//! session's completion thread in the same way ([`crate::completion`]): it
+//! sleeps while every request it watches is not yet due, polls once for
+//! each that is, and teaches the estimates what it sees.
+//!
 //! A kind is the model and the request's payload size ([`ServiceTimes::key`]):
 //! a model's compute often grows with its input (a classifier's sequence
 //! length). Kinds share [`SLOTS`] slots by hash (a collision only blends two
@@ -538,6 +543,106 @@ mod tests {
             Expect::Timed { after, .. } => assert!(after < Duration::from_secs(1), "{after:?}"),
             Expect::Fast => {} // it came within the poll
         }
+    }
+
+    #[test]
+    fn callbacks_alone_time_a_slow_model_and_identity_stays_fast() {
+        on_shm_and_unix(callbacks_time_milliseconds);
+    }
+
+    /// Requests completed on the completion thread (callbacks) teach the
+    /// session as waited ones do: MobileNetV2 gets timed, identity not.
+    fn callbacks_time_milliseconds(c: &crate::Client) {
+        let call = |model: &crate::Model, shape: &[u64], x: &[f32]| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            model
+                .submit(&[crate::TensorRef::from_slice(shape, x).expect("input")])
+                .expect("submit")
+                .on_complete(move |r| drop(tx.send(r.map(|r| r.outputs.len()))));
+            let outputs = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("called back");
+            assert_eq!(outputs.expect("an answer"), 1);
+        };
+        let net = c.model("mobilenetv2").expect("served");
+        let image = vec![0.5f32; 3 * 224 * 224];
+        for _ in 0..4 {
+            call(&net, &[1, 3, 224, 224], &image);
+        }
+        let kind = ServiceTimes::key(net.id(), (image.len() * 4) as u64);
+        match times(c).expect(kind) {
+            Expect::Timed { after, .. } => assert!(
+                after > Duration::from_micros(500),
+                "MobileNetV2 answers in {after:?}?"
+            ),
+            Expect::Fast => panic!("callbacks taught the session nothing of a 2 ms model"),
+        }
+        let identity = c.model("identity").expect("served");
+        let x = [1f32; 16];
+        let fast = (0..1000).any(|_| {
+            call(&identity, &[16], &x);
+            times(c).expect(ServiceTimes::key(identity.id(), 64)) == Expect::Fast
+        });
+        assert!(
+            fast,
+            "identity's callbacks never went back to polling at once"
+        );
+    }
+
+    /// Polls `f` on this thread, parking between polls.
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut f = std::pin::pin!(f);
+        loop {
+            if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+            std::thread::park();
+        }
+    }
+
+    #[test]
+    fn an_answer_that_comes_while_the_completion_thread_sleeps_is_delivered() {
+        on_shm_and_unix(an_early_answer_completes);
+    }
+
+    /// As [`an_early_answer_wakes`], for a future and a callback: the
+    /// completion thread sleeps until 3 s, yet delivers the echo at once.
+    fn an_early_answer_completes(c: &crate::Client) {
+        let identity = c.model("identity").expect("served");
+        let kind = ServiceTimes::key(identity.id(), 64);
+        pretend(c, kind, Duration::from_secs(3));
+        let x: Vec<u32> = (0..16).collect();
+        let t0 = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        identity
+            .submit(&[crate::TensorRef::from_slice(&[16], &x).expect("input")])
+            .expect("submit")
+            .on_complete(move |r| drop(tx.send(r.map(|r| r.outputs[0].to_vec::<u32>()))));
+        let echoed = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("called back");
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "the answer waited for the completion thread's sleep ({:?})",
+            t0.elapsed()
+        );
+        assert_eq!(echoed.expect("an answer").expect("u32"), x);
+        pretend(c, kind, Duration::from_secs(3));
+        let t0 = Instant::now();
+        let ticket = identity
+            .submit(&[crate::TensorRef::from_slice(&[16], &x).expect("input")])
+            .expect("submit");
+        let r = block_on(std::future::IntoFuture::into_future(ticket)).expect("an answer");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        assert_eq!(r.outputs[0].to_vec::<u32>().expect("u32"), x);
     }
 
     #[test]

@@ -966,13 +966,15 @@ impl ShmLink {
     /// (polling for `spin` of it); when another caller holds the reader
     /// role, waits for it to file something instead. What comes is filed
     /// for whoever waits for it ([`crate::completion`] drives this).
-    pub(crate) fn pump(&self, limit: Duration, spin: Duration, recv_limits: &Limits) {
+    /// `true` when it polled all of `limit` (`spin` at least as long) and
+    /// nothing came: a poll that missed.
+    pub(crate) fn pump(&self, limit: Duration, spin: Duration, recv_limits: &Limits) -> bool {
         // At most one chunk, as `wait_for`'s (a sender that wants the
         // channel meanwhile ends the wait early).
         let limit = limit.min(SLEEP_CHUNK);
         let mut sh = lock(&self.shared);
         if sh.dead.is_some() {
-            return;
+            return false;
         }
         if sh.reading {
             sh.parked += 1;
@@ -982,7 +984,7 @@ impl ShmLink {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
             sh.parked -= 1;
-            return;
+            return false;
         }
         sh.reading = true;
         drop(sh);
@@ -997,12 +999,18 @@ impl ShmLink {
         };
         let mut sh = lock(&self.shared);
         sh.reading = false;
+        // Not a miss when a sender cut the poll short.
+        let missed = matches!(r, Err(ShmError::TimedOut))
+            && spin >= limit
+            && !spin.is_zero()
+            && !self.yielder.is_wanted();
         match r {
             Err(ShmError::TimedOut) => {}
             Ok(m) => self.absorb(&mut sh, m),
             Err(e) => self.mark_dead(&mut sh, e),
         }
         self.wake(&sh);
+        missed
     }
 
     /// A ticket was dropped unwaited: its response is dropped when it comes
