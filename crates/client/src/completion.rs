@@ -19,7 +19,8 @@
 //! it polls once for a request whose answer is expected at once, sleeps
 //! while the answers it watches are not yet due (a slow model's compute,
 //! which its poll would take a core from), and sleeps after a poll that
-//! ran out, until an answer wakes it; what it sees teaches the session's
+//! ran out (or instead of one that would: a kind whose polls keep
+//! missing), until an answer wakes it; what it sees teaches the session's
 //! estimates as a caller's waits do.
 //!
 //! Callbacks run on the completion thread, one at a time: a long one
@@ -232,6 +233,10 @@ fn run(rx: Receiver<Job>) {
         for j in jobs.iter_mut().filter(|j| j.watch == Watch::Fresh) {
             match due(j).filter(|&at| at > now) {
                 Some(at) => limit = limit.min(at - now),
+                // A timed kind whose polls keep missing is not polled for.
+                None if j.sent.plan.as_ref().is_some_and(|p| !p.polls()) => {
+                    j.watch = Watch::Polled;
+                }
                 None => {
                     j.watch = Watch::Polling;
                     poll = true;
@@ -266,13 +271,13 @@ fn learn(j: &Job, answered: bool) {
         }
         return;
     }
-    let slept_first = plan.sleep_until().is_some();
+    let timed = matches!(plan.expect, Expect::Timed { .. });
     match (answered, j.watch) {
-        // Caught by a poll: after a sleep, the sleep paid.
-        (true, Watch::Polling) if slept_first => times.polled(plan.key, true),
-        (false, _) if slept_first => times.polled(plan.key, false),
+        // A timed kind's poll (after a sleep, or at once): caught or not.
+        (true, Watch::Polling) if timed => times.polled(plan.key, true),
+        (false, _) if timed => times.polled(plan.key, false),
         // A fast-mode poll that missed: time this kind from now on.
-        (false, _) if plan.expect == Expect::Fast => times.missed(plan.key),
+        (false, _) => times.missed(plan.key),
         _ => {}
     }
     if answered {

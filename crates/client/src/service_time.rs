@@ -28,13 +28,15 @@
 //! it: when that is more than half the estimate, there is no completion to
 //! predict (many clients queued on one model: each answer's wait depends on
 //! its place in the queue), and the wait goes as in the fast mode, polling
-//! at once, then sleeping. And a kind whose polls after the sleep keep
-//! missing (its answers come later than the estimate by more than the
-//! poll) stops sleeping first, as sockets' `SpinGate` stops spinning: a
-//! sleep then a poll that misses then a sleep cost two wake-ups where one
-//! would do (16 MobileNetV2 clients over unix: +9–22 % CPU a request).
-//! One wait in [`PROBE_EVERY`] still tries, to notice when the answers
-//! come on time again.
+//! at once, then sleeping. And a timed kind whose polls (after the sleep,
+//! or at once) keep missing stops polling, as sockets' `SpinGate` stops
+//! spinning: a sleep then a poll that misses then a sleep cost two
+//! wake-ups where one would do (16 MobileNetV2 clients over unix: +9–22 %
+//! CPU a request), and a poll at the start of a queued request's wait only
+//! takes a core from the model; such waits sleep until the answer wakes
+//! them (over shm; a socket's wait blocks in its read). One wait in
+//! [`PROBE_EVERY`] still polls, to notice when the answers come on time
+//! again.
 //!
 //! Requests nobody waits for (callbacks, futures) are waited for by the
 //! session's completion thread in the same way ([`crate::completion`]): it
@@ -146,10 +148,12 @@ impl ServiceTimes {
         }
     }
 
-    /// Whether a wait of kind `key` may sleep first and poll after: while
-    /// its polls there catch the answers, and one wait in [`PROBE_EVERY`]
-    /// once [`MISS_LIMIT`] of them in a row missed.
-    pub(crate) fn may_sleep_first(&self, key: u32) -> bool {
+    /// Whether a timed wait of kind `key` may poll for its answer (after
+    /// its sleep, or at once when it does not sleep first): while its polls
+    /// catch the answers, and one wait in [`PROBE_EVERY`] once
+    /// [`MISS_LIMIT`] of them in a row missed. A wait that may not sleeps
+    /// until the answer wakes it.
+    pub(crate) fn may_poll(&self, key: u32) -> bool {
         let misses = &self.slot(key).misses;
         if misses.load(Ordering::Relaxed) < MISS_LIMIT {
             return true;
@@ -160,8 +164,8 @@ impl ServiceTimes {
         n.is_multiple_of(PROBE_EVERY)
     }
 
-    /// How a poll after a sleep of kind `key` ended: `true` if it caught
-    /// the answer.
+    /// How a timed wait's poll of kind `key` ended (after a sleep, or at
+    /// once): `true` if it caught the answer.
     ///
     /// A catch takes one miss back, so the sleeps go on while more than half
     /// the polls catch (a reset on each catch kept 16 queued clients, whose
@@ -238,6 +242,8 @@ pub(crate) struct WaitPlan {
     /// Whether the wait sleeps until the estimate, then polls (see
     /// [`WaitPlan::sleep_until`]).
     sleeps: bool,
+    /// Whether the wait polls at all ([`WaitPlan::polls`]).
+    polls: bool,
 }
 
 impl WaitPlan {
@@ -248,16 +254,29 @@ impl WaitPlan {
         let expect = times.expect(key);
         let sent_at = (always_time || matches!(expect, Expect::Timed { .. })).then(Instant::now);
         let nap = expect.nap(Duration::ZERO);
-        let sleeps = sent_at.is_some()
-            && nap >= MIN_NAP
-            && expect.predictable()
-            && times.may_sleep_first(key);
+        // A timed kind whose polls keep missing (queued requests: the
+        // answer comes when the queue has drained) neither sleeps first
+        // nor polls, but for probes.
+        let polls = match expect {
+            Expect::Fast => true,
+            Expect::Timed { .. } => times.may_poll(key),
+        };
+        let sleeps = polls && sent_at.is_some() && nap >= MIN_NAP && expect.predictable();
         WaitPlan {
             key,
             expect,
             sent_at,
             sleeps,
+            polls,
         }
+    }
+
+    /// Whether the wait polls for the answer at all (else it sleeps until
+    /// the answer wakes it): `false` for a timed kind whose polls keep
+    /// missing ([`ServiceTimes::may_poll`]). Over shm only: a socket's
+    /// reads keep their own [`transport::spin::SpinGate`].
+    pub(crate) fn polls(&self) -> bool {
+        self.polls
     }
 
     /// The answer came: a timed plan updates the estimate of its kind.
@@ -679,16 +698,14 @@ mod tests {
     fn sleeps_whose_polls_keep_missing_stop_but_for_probes() {
         let t = ServiceTimes::default();
         for _ in 0..MISS_LIMIT {
-            assert!(t.may_sleep_first(3));
+            assert!(t.may_poll(3));
             t.polled(3, false);
         }
-        let tries = (0..2 * PROBE_EVERY)
-            .filter(|_| t.may_sleep_first(3))
-            .count();
+        let tries = (0..2 * PROBE_EVERY).filter(|_| t.may_poll(3)).count();
         assert_eq!(tries, 2, "one probe in {PROBE_EVERY}");
-        assert!(t.may_sleep_first(4), "other kinds keep sleeping first");
+        assert!(t.may_poll(4), "other kinds keep sleeping first");
         t.polled(3, true); // a probe caught its answer
-        assert!(t.may_sleep_first(3));
+        assert!(t.may_poll(3));
         // Three polls in four catching keep it sleeping first; one in three
         // mostly does not (catches drawn at random: a fixed pattern would line the
         // probes up with its catches).
@@ -697,7 +714,7 @@ mod tests {
             let steps = 40 * PROBE_EVERY as usize;
             let mut polls = 0;
             for _ in 0..steps {
-                if t.may_sleep_first(key) {
+                if t.may_poll(key) {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
@@ -721,6 +738,31 @@ mod tests {
             .filter(|_| WaitPlan::now(&t, 3, false).sleep_until().is_some())
             .count();
         assert_eq!(sleeping, 1);
+    }
+
+    #[test]
+    fn a_timed_kind_whose_polls_keep_missing_does_not_poll_but_for_probes() {
+        let t = ServiceTimes::default();
+        // Queued waits: 2 ms to 30 ms, no completion to predict.
+        t.missed(7);
+        for took in [2, 30, 4, 26, 8, 22, 2, 30] {
+            t.record(7, ms(took), POLL);
+        }
+        let plan = WaitPlan::now(&t, 7, false);
+        assert!(!plan.expect.predictable() && plan.sleep_until().is_none());
+        assert!(plan.polls(), "polls at once while its polls may catch");
+        for _ in 0..MISS_LIMIT {
+            t.polled(7, false);
+        }
+        let polling = (0..2 * PROBE_EVERY)
+            .filter(|_| WaitPlan::now(&t, 7, false).polls())
+            .count();
+        assert_eq!(polling, 2, "one probe in {PROBE_EVERY}");
+        // A fast kind always polls: its misses are how it gets timed.
+        assert!(WaitPlan::now(&t, 8, false).polls());
+        // A probe that catches reopens the kind.
+        t.polled(7, true);
+        assert!(WaitPlan::now(&t, 7, false).polls());
     }
 
     #[test]

@@ -793,6 +793,15 @@ impl ShmLink {
         plan: Option<(&WaitPlan, &ServiceTimes)>,
     ) -> Result<(Header, Vec<u8>), ClientError> {
         let (plan, times) = plan.unzip();
+        // What an answer within the poll would teach the estimates,
+        // whether or not this wait polls.
+        let budget = spin;
+        // A timed kind whose polls keep missing sleeps at once.
+        let spin = if plan.is_none_or(WaitPlan::polls) {
+            spin
+        } else {
+            Duration::ZERO
+        };
         // A response that comes while this caller spins (the common case)
         // costs no `clock_gettime`: the deadline is fixed only when the
         // first chunk of waiting ends without it.
@@ -806,10 +815,10 @@ impl ShmLink {
         let learn = plan
             .filter(|p| p.expect == Expect::Fast && !spin.is_zero())
             .map(|p| p.key);
-        // After a sleep, the poll is a pass of its own too, to see if it
-        // caught the answer.
+        // A timed wait's poll (after its sleep, or at once) is a pass of
+        // its own too, to see if it caught the answer.
         let judge = plan
-            .filter(|_| sleep_until.is_some() && !spin.is_zero())
+            .filter(|p| matches!(p.expect, Expect::Timed { .. }) && !spin.is_zero())
             .map(|p| p.key);
         let mut chunk = if learn.is_some() || judge.is_some() {
             FIRST_CHUNK / 2
@@ -818,7 +827,7 @@ impl ShmLink {
         };
         let done = |m| {
             if let Some((p, t)) = plan.zip(times) {
-                p.answered(t, spin);
+                p.answered(t, budget);
             }
             Ok(m)
         };
