@@ -563,7 +563,8 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
 
 /// Dynamic batching off against on: each model served over shm and unix
 /// by an agent with [`BatchConfig::OFF`] and one with [`BatchConfig::ON`]
-/// (four targets, interleaved), closed loop 1, 4, 16, 64 clients and an
+/// ([`BatchConfig::FILLING`] for the tweet classifier; four targets,
+/// interleaved), closed loop 1, 4, 16, 64 clients and an
 /// open-loop Poisson sweep at fractions of each target's capacity over 16
 /// connections. Quick: LeNet at 1 and 16 clients, MobileNetV2 at 16.
 pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
@@ -584,20 +585,22 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             })
             .collect()
     };
-    // (workload, loads, warm-up calls per client): LeNet runs in tens of
-    // µs, MobileNetV2 and the classifier in milliseconds (64 clients × a
-    // few warm-up runs each already take seconds).
-    let mut parts: Vec<(Workload, Vec<LoadSpec>, u64)> = Vec::new();
+    // (workload, loads, warm-up calls per client, the "on" setting): LeNet
+    // runs in tens of µs, MobileNetV2 and the classifier in milliseconds
+    // (64 clients × a few warm-up runs each already take seconds).
+    let mut parts: Vec<(Workload, Vec<LoadSpec>, u64, BatchConfig)> = Vec::new();
     if quick {
         parts.push((
             model("lenet", "lenet_digits.onnx", 1)?,
             closed(&[1, 16]),
             50,
+            BatchConfig::ON,
         ));
         parts.push((
             model("mobilenetv2", "mobilenetv2.onnx", 1)?,
             closed(&[16]),
             2,
+            BatchConfig::ON,
         ));
     } else {
         let all = |mut l: Vec<LoadSpec>| {
@@ -608,6 +611,7 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             model("lenet", "lenet_digits.onnx", 1)?,
             all(closed(&[1, 4, 16, 64])),
             200,
+            BatchConfig::ON,
         ));
         // The tweet classifier at a fixed sequence length (as the
         // breakdown suite feeds MiniLM): requests of one shape batch.
@@ -615,27 +619,32 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             model("tweet-classifier", "tweet_classifier.onnx", 64)?,
             all(closed(&[1, 4, 16, 64])),
             2,
+            BatchConfig::FILLING,
         ));
         parts.push((
             model("mobilenetv2", "mobilenetv2.onnx", 1)?,
             all(closed(&[1, 4, 16, 64])),
             2,
+            BatchConfig::ON,
         ));
     }
-    let mut targets = Vec::new();
-    for net in [Net::Shm, Net::Unix] {
-        for config in [BatchConfig::OFF, BatchConfig::ON] {
-            targets.push(TargetSpec::batching(net, config));
+    let targets = |on: BatchConfig| {
+        let mut targets = Vec::new();
+        for net in [Net::Shm, Net::Unix] {
+            for config in [BatchConfig::OFF, on] {
+                targets.push(TargetSpec::batching(net, config));
+            }
         }
-    }
+        targets
+    };
     Ok(Plan {
         suite: "batching".into(),
         pin_by_default: false,
         parts: parts
             .into_iter()
-            .map(|(workload, loads, warmup)| Part {
+            .map(|(workload, loads, warmup, on)| Part {
                 workload,
-                targets: targets.clone(),
+                targets: targets(on),
                 loads,
                 bounds: Bounds {
                     warmup,
@@ -674,7 +683,7 @@ mod tests {
                 let on = p
                     .targets
                     .iter()
-                    .filter(|t| t.batching == Some(BatchConfig::ON));
+                    .filter(|t| t.batching.is_some_and(BatchConfig::is_on));
                 let off = p
                     .targets
                     .iter()
@@ -688,6 +697,18 @@ mod tests {
                 assert!(measurements <= 3, "quick stays within a minute or two");
             } else {
                 assert_eq!(models, ["lenet", "tweet-classifier", "mobilenetv2"]);
+                // The classifier's batches wait to fill; the others' not.
+                let on_delay: Vec<u64> = b
+                    .parts
+                    .iter()
+                    .filter_map(|p| {
+                        p.targets
+                            .iter()
+                            .find_map(|t| t.batching.filter(|c| c.is_on()))
+                    })
+                    .map(|c| c.max_queue_delay_us)
+                    .collect();
+                assert_eq!(on_delay, [0, 20_000, 0]);
             }
         }
     }
