@@ -258,9 +258,8 @@ pub struct WaitPolicy {
     /// Whether this wait may move its thread off a CPU it finds shared
     /// with the peer, when that is this side's turn (see the module docs).
     /// Off, a collision is polled through, yielding (a side pinned there
-    /// still sleeps). The agent turns it off while it has more polling
-    /// sessions than half its CPUs: no CPU is free to move to then, and
-    /// moves would only shuffle the pollers.
+    /// still sleeps). The agent turns it off for the short polls of
+    /// sessions beyond its polling slots.
     pub step_off: bool,
 }
 
