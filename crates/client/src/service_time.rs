@@ -480,6 +480,19 @@ mod tests {
         times(c).record(kind, took, POLL);
     }
 
+    /// Asserts that `c`'s waits for `net` (MobileNetV2, ~2 ms a run) with
+    /// `bytes` of input are timed, with an estimate above 500 µs; `if_fast`
+    /// says what a fast mode would mean.
+    fn assert_timed(c: &crate::Client, net: &crate::Model, bytes: usize, if_fast: &str) {
+        match times(c).expect(ServiceTimes::key(net.id(), bytes as u64)) {
+            Expect::Timed { after, .. } => assert!(
+                after > Duration::from_micros(500),
+                "MobileNetV2 answers in {after:?}?"
+            ),
+            Expect::Fast => panic!("MobileNetV2's waits are not timed: {if_fast}"),
+        }
+    }
+
     #[test]
     fn a_model_that_computes_for_milliseconds_is_timed_and_identity_stays_fast() {
         on_shm_and_unix(milliseconds_are_timed_and_microseconds_polled);
@@ -492,14 +505,12 @@ mod tests {
             let input = crate::TensorRef::from_slice(&[1, 3, 224, 224], &image).expect("input");
             net.infer(&[input]).expect("a run");
         }
-        let kind = ServiceTimes::key(net.id(), (image.len() * 4) as u64);
-        match times(c).expect(kind) {
-            Expect::Timed { after, .. } => assert!(
-                after > Duration::from_micros(500),
-                "MobileNetV2 answers in {after:?}?"
-            ),
-            Expect::Fast => panic!("a 2 ms model's answers cannot come within a 200 µs poll"),
-        }
+        assert_timed(
+            c,
+            &net,
+            image.len() * 4,
+            "its answers came within a 200 µs poll?",
+        );
         // Identity answers within the poll: a slow call (a busy machine)
         // may time it for a while, an answer within the poll ends that.
         let identity = c.model("identity").expect("served");
@@ -542,11 +553,17 @@ mod tests {
         on_shm_and_unix(an_early_answer_wakes);
     }
 
-    fn an_early_answer_wakes(c: &crate::Client) {
+    /// `c`'s identity model, its 64-byte requests' waits expecting 3 s
+    /// (they would sleep for ~3 s), and that kind.
+    fn identity_as_if_slow(c: &crate::Client) -> (crate::Model, u32) {
         let identity = c.model("identity").expect("served");
-        // As if identity took 3 s: its waits would sleep for ~3 s.
         let kind = ServiceTimes::key(identity.id(), 64);
         pretend(c, kind, Duration::from_secs(3));
+        (identity, kind)
+    }
+
+    fn an_early_answer_wakes(c: &crate::Client) {
+        let (identity, kind) = identity_as_if_slow(c);
         let x: Vec<u32> = (0..16).collect();
         let t0 = Instant::now();
         let r = identity
@@ -588,14 +605,12 @@ mod tests {
         for _ in 0..4 {
             call(&net, &[1, 3, 224, 224], &image);
         }
-        let kind = ServiceTimes::key(net.id(), (image.len() * 4) as u64);
-        match times(c).expect(kind) {
-            Expect::Timed { after, .. } => assert!(
-                after > Duration::from_micros(500),
-                "MobileNetV2 answers in {after:?}?"
-            ),
-            Expect::Fast => panic!("callbacks taught the session nothing of a 2 ms model"),
-        }
+        assert_timed(
+            c,
+            &net,
+            image.len() * 4,
+            "callbacks taught the session nothing",
+        );
         let identity = c.model("identity").expect("served");
         let x = [1f32; 16];
         let fast = (0..1000).any(|_| {
@@ -635,9 +650,7 @@ mod tests {
     /// As [`an_early_answer_wakes`], for a future and a callback: the
     /// completion thread sleeps until 3 s, yet delivers the echo at once.
     fn an_early_answer_completes(c: &crate::Client) {
-        let identity = c.model("identity").expect("served");
-        let kind = ServiceTimes::key(identity.id(), 64);
-        pretend(c, kind, Duration::from_secs(3));
+        let (identity, kind) = identity_as_if_slow(c);
         let x: Vec<u32> = (0..16).collect();
         let t0 = Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
