@@ -246,7 +246,7 @@ fn run(rx: Receiver<Job>) {
         let inner = &jobs[0].client.inner;
         if poll {
             // A pass of its own, to tell a poll that missed.
-            missed = inner.pump(limit.min(inner.spin()), true);
+            missed = inner.pump(limit.min(inner.opts.spin), true);
         } else {
             inner.pump(limit, false);
         }
@@ -265,23 +265,20 @@ fn learn(j: &Job, answered: bool) {
     let Some(plan) = &j.sent.plan else { return };
     let inner = &j.client.inner;
     let times = inner.service_times();
-    if !inner.pump_polls() {
-        if answered {
-            plan.answered(times, inner.spin());
+    // Only a pump that polls (shm) judges its polls.
+    if inner.pump_polls() {
+        let timed = matches!(plan.expect, Expect::Timed { .. });
+        match (answered, j.watch) {
+            // A timed kind's poll (after a sleep, or at once): caught or not.
+            (true, Watch::Polling) if timed => times.polled(plan.key, true),
+            (false, _) if timed => times.polled(plan.key, false),
+            // A fast-mode poll that missed: time this kind from now on.
+            (false, _) => times.missed(plan.key),
+            _ => {}
         }
-        return;
-    }
-    let timed = matches!(plan.expect, Expect::Timed { .. });
-    match (answered, j.watch) {
-        // A timed kind's poll (after a sleep, or at once): caught or not.
-        (true, Watch::Polling) if timed => times.polled(plan.key, true),
-        (false, _) if timed => times.polled(plan.key, false),
-        // A fast-mode poll that missed: time this kind from now on.
-        (false, _) => times.missed(plan.key),
-        _ => {}
     }
     if answered {
-        plan.answered(times, inner.spin());
+        plan.answered(times, inner.opts.spin);
     }
 }
 

@@ -1600,11 +1600,6 @@ impl Inner {
         &self.service_times
     }
 
-    /// How long a waiter of this session polls before it sleeps.
-    pub(crate) fn spin(&self) -> Duration {
-        self.opts.spin
-    }
-
     /// Whether a [`Inner::pump`] that polls may tell a miss: over shm, where
     /// it polls before it sleeps. A socket's pump blocks at once (its
     /// reads poll by their own [`transport::spin::SpinGate`]).
