@@ -14,9 +14,13 @@
 //!   pre-formed batches of a row's mean batch size, ONNX Runtime called
 //!   directly in this process: what batching could reach at best with no
 //!   transport, no queue and no batch forming;
+//! - [`fill_handoff`]: each closed-loop row's [`handoff`](crate::handoff)
+//!   floor (as many blocking caller threads, nothing but wake-ups between
+//!   them and the engine): what a lean agent could reach for that loop;
 //! - [`tables`]: the report's table per model.
 
 use crate::caller::BenchError;
+use crate::handoff::{handoff_rps, HandoffBounds};
 use crate::results::Row;
 use crate::stats::spread;
 use crate::workload::{Input, Workload};
@@ -111,6 +115,12 @@ pub struct BatchingFigures {
     /// ONNX Runtime's own rows per second on pre-formed batches of
     /// `offline_batch` rows, in this process (median over repeats).
     pub offline_rps: Option<f64>,
+    /// Closed loop: the [`handoff`](crate::handoff) floor, requests per
+    /// second that as many blocking caller threads get from the engine in
+    /// this process under this `max_batch`, with nothing between them but
+    /// futex wake-ups (median over repeats).
+    #[serde(default)]
+    pub handoff_rps: Option<f64>,
     /// Open loop: the offered load as a fraction of the target's capacity.
     pub load_fraction: Option<f64>,
 }
@@ -126,6 +136,7 @@ impl BatchingFigures {
             mean_batch,
             offline_batch: mean_batch.map(offline_batch),
             offline_rps: None,
+            handoff_rps: None,
             load_fraction,
         }
     }
@@ -328,6 +339,19 @@ pub fn offline_rps(
 /// kept as its message.
 pub type OfflineCache = HashMap<(String, usize), Result<f64, String>>;
 
+/// Hand-off floors already measured, by (model, `max_batch`, clients): an
+/// error is kept as its message.
+pub type HandoffCache = HashMap<(String, usize, usize), Result<f64, String>>;
+
+/// Both floors already measured in a run (parts of one model share them).
+#[derive(Debug, Default)]
+pub struct FloorCache {
+    /// `offline_rps` figures.
+    pub offline: OfflineCache,
+    /// `handoff_rps` figures.
+    pub handoff: HandoffCache,
+}
+
 /// Fills `offline_rps` of every batching row in `rows` that has a mean
 /// batch, measuring each (model, batch size) not in `cache` once, with the
 /// engine of `workload` loaded here (`intra_threads` as the agents had).
@@ -342,35 +366,99 @@ pub fn fill_offline(
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), BenchError> {
     let model = workload.label();
-    let mut wanted: Vec<usize> = rows
+    fill_measured(
+        rows,
+        workload,
+        intra_threads,
+        cache,
+        |_, f| Some((model.clone(), f.offline_batch?)),
+        |backend, inputs, (_, b)| {
+            progress(&format!("offline {model}, batches of {b}"));
+            offline_rps(backend, inputs, *b, bounds)
+        },
+        |f, rps| f.offline_rps = Some(rps),
+        |(_, b)| format!("offline batch of {b}"),
+    )
+}
+
+/// Fills `handoff_rps` of every closed-loop batching row in `rows`: the
+/// [`handoff`](crate::handoff) floor of its clients under its `max_batch`,
+/// measuring each (model, `max_batch`, clients) not in `cache` once, with
+/// the engine of `workload` loaded here (`intra_threads` as the agents
+/// had). Errors as [`fill_offline`].
+pub fn fill_handoff(
+    rows: &mut [Row],
+    workload: &Workload,
+    intra_threads: usize,
+    bounds: &HandoffBounds,
+    cache: &mut HandoffCache,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), BenchError> {
+    let model = workload.label();
+    fill_measured(
+        rows,
+        workload,
+        intra_threads,
+        cache,
+        |r, f| (r.load == "closed").then(|| (model.clone(), f.max_batch, r.clients)),
+        |backend, inputs, (_, max_batch, clients)| {
+            progress(&format!(
+                "hand-off floor {model}, {clients} clients, max_batch {max_batch}"
+            ));
+            handoff_rps(backend, inputs, *clients, *max_batch, bounds)
+        },
+        |f, rps| f.handoff_rps = Some(rps),
+        |(_, max_batch, clients)| {
+            format!("hand-off floor ({clients} clients, max_batch {max_batch})")
+        },
+    )
+}
+
+/// The measure-once-and-fill of [`fill_offline`] and [`fill_handoff`]:
+/// `key` says what a row of `workload`'s model needs (`None`: nothing),
+/// `measure` measures one key not in `cache`, `set` stores a figure in a
+/// row, `what` names a key in a failed row's note.
+#[allow(clippy::too_many_arguments)]
+fn fill_measured<K: Clone + Eq + std::hash::Hash + Ord>(
+    rows: &mut [Row],
+    workload: &Workload,
+    intra_threads: usize,
+    cache: &mut HashMap<K, Result<f64, String>>,
+    key: impl Fn(&Row, &BatchingFigures) -> Option<K>,
+    mut measure: impl FnMut(&dyn engine::Backend, &[Input], &K) -> Result<f64, BenchError>,
+    set: impl Fn(&mut BatchingFigures, f64),
+    what: impl Fn(&K) -> String,
+) -> Result<(), BenchError> {
+    let model = workload.label();
+    let row_key = |r: &Row| r.batching.as_ref().and_then(|f| key(r, f));
+    let mut wanted: Vec<K> = rows
         .iter()
         .filter(|r| r.model == model)
-        .filter_map(|r| r.batching.as_ref()?.offline_batch)
-        .filter(|b| !cache.contains_key(&(model.clone(), *b)))
+        .filter_map(row_key)
+        .filter(|k| !cache.contains_key(k))
         .collect();
-    wanted.sort_unstable();
+    wanted.sort();
     wanted.dedup();
     if !wanted.is_empty() {
         let backend = workload.load_backend(intra_threads)?;
         let inputs = workload.inputs(backend.signature())?;
-        for b in wanted {
-            progress(&format!("offline {model}, batches of {b}"));
-            let r = offline_rps(backend.as_ref(), &inputs, b, bounds).map_err(|e| e.0);
-            cache.insert((model.clone(), b), r);
+        for k in wanted {
+            let r = measure(backend.as_ref(), &inputs, &k).map_err(|e| e.0);
+            cache.insert(k, r);
         }
     }
     for row in rows.iter_mut().filter(|r| r.model == model) {
+        let Some(k) = row_key(row) else { continue };
         let Some(f) = row.batching.as_mut() else {
             continue;
         };
-        let Some(b) = f.offline_batch else { continue };
-        match cache.get(&(model.clone(), b)) {
-            Some(Ok(rps)) => f.offline_rps = Some(*rps),
+        match cache.get(&k) {
+            Some(Ok(rps)) => set(f, *rps),
             Some(Err(e)) => {
                 if !row.note.is_empty() {
                     row.note.push_str("; ");
                 }
-                let _ = write!(row.note, "offline batch of {b} failed: {e}");
+                let _ = write!(row.note, "{} failed: {e}", what(&k));
             }
             None => {}
         }
@@ -378,7 +466,6 @@ pub fn fill_offline(
     Ok(())
 }
 
-/// How a row's load reads in the table: `closed`, `poisson 0.5×`.
 fn load_cell(r: &Row) -> String {
     match r.batching.as_ref().and_then(|f| f.load_fraction) {
         Some(f) => format!("{} {f:.2}× cap", r.load),
@@ -462,11 +549,12 @@ pub fn tables(rows: &[Row]) -> String {
         let _ = writeln!(
             out,
             "| load | clients | transport | off rps | on rps | on/off | mean batch | \
-             offline rps | on/offline | p50 off µs | p50 on µs | p99 off µs | p99 on µs |"
+             offline rps | on/offline | hand-off floor off / on | on/floor | \
+             p50 off µs | p50 on µs | p99 off µs | p99 on µs |"
         );
         let _ = writeln!(
             out,
-            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for p in points {
             let find = |name: &str| {
@@ -477,9 +565,18 @@ pub fn tables(rows: &[Row]) -> String {
             let (off, on) = (find("off"), find("on"));
             let on_f = on.and_then(|r| r.batching.as_ref());
             let rps = |r: Option<&Row>| r.map(|r| r.throughput_rps);
+            let floor = |r: Option<&Row>| r.and_then(|r| r.batching.as_ref()?.handoff_rps);
+            let floors = match (floor(off), floor(on)) {
+                (None, None) => "–".to_string(),
+                (a, b) => format!(
+                    "{} / {}",
+                    a.map_or("–".to_string(), rps_cell),
+                    b.map_or("–".to_string(), rps_cell)
+                ),
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 load_cell(p),
                 p.clients,
                 p.transport,
@@ -495,6 +592,8 @@ pub fn tables(rows: &[Row]) -> String {
                         on_f.and_then(|f| f.offline_batch).unwrap_or(1)
                     )),
                 ratio_cell(rps(on), on_f.and_then(|f| f.offline_rps)),
+                floors,
+                ratio_cell(rps(on), floor(on)),
                 us_cell(off, |r| r.p50_us),
                 us_cell(on, |r| r.p50_us),
                 us_cell(off, |r| r.p99_us),
@@ -599,6 +698,7 @@ mod tests {
         let mean = if config.is_on() { 15.6 } else { 1.0 };
         let mut f = BatchingFigures::new(config, Some(mean), None);
         f.offline_rps = Some(if config.is_on() { 80_000.0 } else { 20_000.0 });
+        f.handoff_rps = Some(if config.is_on() { 50_000.0 } else { 12_000.0 });
         r.batching = Some(f);
         r
     }
@@ -618,9 +718,11 @@ mod tests {
         let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("| closed")).collect();
         assert_eq!(lines.len(), 2, "{t}");
         assert!(lines[0].starts_with(
-            "| closed | 16 | shm | 10000 | 40000 | 4.0× | 15.6 | 80000 (B=16) | 0.50× |"
+            "| closed | 16 | shm | 10000 | 40000 | 4.0× | 15.6 | 80000 (B=16) | 0.50× | \
+             12000 / 50000 | 0.80× |"
         ));
-        assert!(lines[1].starts_with("| closed | 16 | unix | 8000 | – | – | – | – | – |"));
+        assert!(lines[1]
+            .starts_with("| closed | 16 | unix | 8000 | – | – | – | – | – | 12000 / – | – |"));
         assert_eq!(tables(&[sample_row("x", 1)]), "");
     }
 

@@ -22,6 +22,9 @@
 //! - [`results`]: the rows a run produces and `results.json` / `results.csv`;
 //! - [`batching`]: the `batching` suite's settings, the agent's statistics
 //!   (mean batch) and the engine's offline throughput on pre-formed batches;
+//! - [`handoff`]: the hand-off floor of a closed loop of blocking clients
+//!   (caller threads and the engine in this process, futex wake-ups and
+//!   nothing else);
 //! - [`tenants`]: the `tenants` suite (one tenant's flood beside another
 //!   tenant's light load, with and without a tenants file), which runs its
 //!   own two concurrent open loops rather than a [`suite::Plan`];
@@ -74,6 +77,7 @@ pub mod child;
 pub mod classify;
 pub mod client_modes;
 pub mod console;
+pub mod handoff;
 pub mod hist;
 pub mod kserve_http;
 pub mod load;

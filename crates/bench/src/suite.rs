@@ -19,7 +19,8 @@
 //!   classifier, MobileNetV2 over shm and unix, closed loop 1 → 64 clients
 //!   and an open-loop sweep), each row with the mean batch the agent ran
 //!   and the engine's own throughput on batches that size
-//!   ([`crate::batching`]);
+//!   ([`crate::batching`]), and each closed loop with its hand-off floor
+//!   ([`crate::handoff`]);
 //! - `tenants`: tenant isolation (a flood at 2× capacity beside a light
 //!   tenant, with and without a tenants file); not a plan: it runs two
 //!   loads at once, by [`crate::tenants::run`];
@@ -27,9 +28,10 @@
 //!   and future modes side by side; not a plan either
 //!   ([`crate::client_modes::run`]).
 
-use crate::batching::{self as batch, BatchConfig, BatchingFigures, OfflineBounds, OfflineCache};
+use crate::batching::{self as batch, BatchConfig, BatchingFigures, FloorCache, OfflineBounds};
 use crate::caller::BenchError;
 use crate::console::Console;
+use crate::handoff::HandoffBounds;
 use crate::load::{Bounds, Load};
 use crate::measure::{self, Repeat, RowKey};
 use crate::results::Row;
@@ -128,9 +130,9 @@ pub fn run_plan(
     };
     let mut rows = Vec::new();
     let mut result = Ok(());
-    let mut offline = OfflineCache::new();
+    let mut floors = FloorCache::default();
     for part in &plan.parts {
-        result = run_part(&plan.suite, part, env, console, &mut rows, &mut offline);
+        result = run_part(&plan.suite, part, env, console, &mut rows, &mut floors);
         if result.is_err() {
             break;
         }
@@ -160,7 +162,7 @@ fn run_part(
     env: &BenchEnv,
     console: &mut Console,
     rows: &mut Vec<Row>,
-    offline: &mut OfflineCache,
+    floors: &mut FloorCache,
 ) -> Result<(), BenchError> {
     let first_row = rows.len();
     let mut running: Vec<RunningTarget> = Vec::new();
@@ -184,14 +186,16 @@ fn run_part(
     result?;
     stopped?;
     // Batching rows: the engine's own throughput at each row's mean batch,
-    // measured here with the agents stopped.
+    // and the hand-off floor of each closed loop, measured here with the
+    // agents stopped.
     if rows[first_row..].iter().any(|r| r.batching.is_some()) {
+        let duration = part
+            .bounds
+            .duration
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
         let bounds = OfflineBounds {
-            duration: part
-                .bounds
-                .duration
-                .unwrap_or(Duration::from_secs(1))
-                .min(Duration::from_secs(1)),
+            duration,
             runs: 5000,
             repeats: part.repeats,
         };
@@ -200,7 +204,20 @@ fn run_part(
             &part.workload,
             env.intra_threads,
             &bounds,
-            offline,
+            &mut floors.offline,
+            &mut |what| console.begin(what),
+        )?;
+        let bounds = HandoffBounds {
+            warmup: duration / 4,
+            duration,
+            repeats: part.repeats,
+        };
+        batch::fill_handoff(
+            &mut rows[first_row..],
+            &part.workload,
+            env.intra_threads,
+            &bounds,
+            &mut floors.handoff,
             &mut |what| console.begin(what),
         )?;
     }
@@ -567,6 +584,8 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
 /// interleaved), closed loop 1, 4, 16, 64 clients and an
 /// open-loop Poisson sweep at fractions of each target's capacity over 16
 /// connections. Quick: LeNet at 1 and 16 clients, MobileNetV2 at 16.
+/// After each model's agents stop, the engine is measured alone: offline
+/// at each row's mean batch, and the hand-off floor of each closed loop.
 pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
     let model = |name: &str, file: &str, dyn_dim: u64| model_workload(root, name, file, dyn_dim);
     let closed = |clients: &[usize]| -> Vec<LoadSpec> {
