@@ -349,6 +349,28 @@ pub fn batch_policy(c: &ModelConfig) -> Result<BatchPolicy, String> {
     Ok(p)
 }
 
+/// The name of the `parameters` entry that sets a model's ONNX Runtime
+/// intra-op threads (as Triton's ONNX Runtime backend reads it).
+pub const INTRA_THREADS_PARAMETER: &str = "intra_op_thread_count";
+
+/// The model's own ONNX Runtime intra-op threads, from `parameters {
+/// key: "intra_op_thread_count" value: { string_value: "N" } }` as
+/// Triton's ONNX Runtime backend takes it: `None` when absent or "0" (the
+/// agent's own setting), else 1..=256.
+pub fn intra_threads(c: &ModelConfig) -> Result<Option<usize>, String> {
+    let Some(p) = c.parameters.get(INTRA_THREADS_PARAMETER) else {
+        return Ok(None);
+    };
+    match p.string_value.trim().parse::<usize>() {
+        Ok(0) => Ok(None),
+        Ok(n @ 1..=256) => Ok(Some(n)),
+        _ => Err(format!(
+            "parameters {INTRA_THREADS_PARAMETER} is {:?}, must be \"0\" (the agent's) or \"1\"..=\"256\"",
+            p.string_value
+        )),
+    }
+}
+
 /// The model's queue policy from `dynamic_batching`: `priority_levels`,
 /// `default_priority_level` (0: the lowest), and `default_queue_policy`'s
 /// `max_queue_size` and `default_timeout_microseconds`. A timeout action
@@ -476,6 +498,25 @@ mod tests {
         let e = effective(c, &sig(), 2);
         assert_eq!(e.default_model_filename, DEFAULT_MODEL_FILENAME);
         assert_eq!(e.instance_group.len(), 1);
+    }
+
+    #[test]
+    fn intra_op_threads_come_from_the_parameters() {
+        let threads = |t: &str| intra_threads(&parse_pbtxt(t).expect("parses"));
+        assert_eq!(threads(""), Ok(None));
+        let p = |v: &str| {
+            format!(
+                r#"parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{v}" }} }}"#
+            )
+        };
+        assert_eq!(threads(&p("1")), Ok(Some(1)));
+        assert_eq!(threads(&p("0")), Ok(None), "0: the agent's");
+        for bad in ["257", "-1", "two", ""] {
+            let e = threads(&p(bad)).expect_err(bad);
+            assert!(e.contains("intra_op_thread_count"), "{e}");
+        }
+        let other = r#"parameters { key: "something_else" value: { string_value: "x" } }"#;
+        assert_eq!(threads(other), Ok(None));
     }
 
     #[test]

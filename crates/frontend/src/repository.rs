@@ -24,8 +24,8 @@
 //! old one finish on it. A reload that fails keeps the old model serving.
 
 use crate::model_config::{
-    batch_policy, check_against, check_settings, effective, parse_pbtxt, queue_policy,
-    DEFAULT_MODEL_FILENAME,
+    batch_policy, check_against, check_settings, effective, intra_threads, parse_pbtxt,
+    queue_policy, DEFAULT_MODEL_FILENAME,
 };
 use crate::proto::model_version_policy::PolicyChoice;
 use crate::proto::ModelConfig;
@@ -562,9 +562,10 @@ impl Repository {
         let instances = check_settings(&config, name).map_err(load_err)?;
         let policy = queue_policy(&config).map_err(load_err)?;
         let batching = batch_policy(&config).map_err(load_err)?;
+        let own_threads = intra_threads(&config).map_err(load_err)?;
         let (version, file) = pick_version(dir, &config).map_err(load_err)?;
         let opts = OrtOptions {
-            intra_threads: self.opts.intra_threads,
+            intra_threads: own_threads.unwrap_or(self.opts.intra_threads),
             intra_spinning: self.opts.intra_spinning,
             inter_threads: self.opts.inter_threads,
             sessions: instances,

@@ -11,6 +11,7 @@
 //! name = "digits"
 //! path = "models/build/digits_mlp.onnx"
 //! concurrency = 1          # runs of this model at once, its engine instances (default 1)
+//! intra_threads = 1        # this model's ONNX Runtime threads per run (default: the agent's)
 //! max_queue = 0            # most requests waiting; one more is refused `overloaded` (0 = no limit)
 //! priority_levels = 1      # request priorities 1 (highest) ..= this
 //! default_priority = 1     # level of a request that names none (default: the lowest)
@@ -165,6 +166,15 @@ pub struct ModelConfig {
     /// instances: one ONNX Runtime session each). `instances` in a file.
     #[serde(default = "one", alias = "instances")]
     pub concurrency: usize,
+    /// ONNX Runtime intra-op threads of this model's runs; `None`: the
+    /// agent's [`AgentConfig::intra_threads`]. A model whose operators are
+    /// too small to split (LeNet: tens of µs a run) gains nothing from a
+    /// second thread, and that thread's spinning takes a core its clients
+    /// need (LeNet, 16 shm clients, 2 cores: 1 thread ~1.9× the requests
+    /// of 2, p99 0.3–0.5 ms against 4 ms; docs/BENCHMARKS.md), while a
+    /// larger model (MobileNetV2) runs ~1.8× faster on 2.
+    #[serde(default)]
+    pub intra_threads: Option<usize>,
     /// The most requests that may wait for it (0: no limit); one more is
     /// refused `overloaded` at once.
     #[serde(default)]
@@ -226,6 +236,7 @@ impl ModelConfig {
             name: name.into(),
             path: path.into(),
             concurrency: 1,
+            intra_threads: None,
             max_queue: 0,
             priority_levels: 1,
             default_priority: None,
@@ -991,6 +1002,12 @@ impl AgentConfig {
                     m.name, m.concurrency
                 ));
             }
+            if let Some(n @ (0 | 257..)) = m.intra_threads {
+                return bad(format!(
+                    "model '{}': intra_threads must be 1..=256, not {n}",
+                    m.name
+                ));
+            }
             if let Err(e) = m.queue_policy().validate() {
                 return bad(format!("model '{}': {e}", m.name));
             }
@@ -1264,6 +1281,35 @@ mod tests {
             .push(ModelConfig::parse_flag("a=y.onnx").unwrap());
         assert!(cfg.validate().is_err());
         assert!(ModelConfig::parse_flag("nopath").is_err());
+    }
+
+    #[test]
+    fn a_model_may_set_its_own_intra_threads() {
+        let cfg = AgentConfig::from_toml(
+            r#"
+            intra_threads = 2
+            [[model]]
+            name = "small"
+            path = "s.onnx"
+            intra_threads = 1
+            [[model]]
+            name = "large"
+            path = "l.onnx"
+            "#,
+        )
+        .expect("a valid config");
+        assert_eq!(cfg.models[0].intra_threads, Some(1));
+        assert_eq!(cfg.models[1].intra_threads, None);
+        cfg.validate().expect("valid");
+        let m = ModelConfig::parse_flag("s=s.onnx;intra_threads=3").expect("a valid flag");
+        assert_eq!(m.intra_threads, Some(3));
+        for n in [0, 257] {
+            let mut cfg = AgentConfig::default();
+            cfg.models
+                .push(ModelConfig::parse_flag(&format!("s=s.onnx;intra_threads={n}")).unwrap());
+            let e = cfg.validate().expect_err("out of range").to_string();
+            assert!(e.contains("'s': intra_threads must be 1..=256"), "{e}");
+        }
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::time::Duration;
 pub struct Args {
     /// A model to serve, as NAME=PATH.onnx (repeatable), optionally with
     /// `;KEY=VALUE` settings of a config file's `[[model]]` table, e.g.
-    /// 'digits=m.onnx;max_batch=32;max_queue_delay_us=200;instances=2'.
+    /// 'digits=m.onnx;max_batch=32;max_queue_delay_us=200;instances=2' (or
+    /// ';intra_threads=1': this model's ONNX Runtime threads per run).
     #[arg(long = "model", value_name = "NAME=PATH[;KEY=VALUE...]")]
     models: Vec<String>,
     /// An endpoint to listen on: unix:///path, tcp://host:port[?nodelay=0],
