@@ -54,6 +54,10 @@ pub struct Part {
     pub bounds: Bounds,
     /// Repeats of each (target, load).
     pub repeats: usize,
+    /// ONNX Runtime intra-op threads of this part's engines (its agents,
+    /// and the offline and hand-off measurements), instead of the run's
+    /// `--intra-threads`: a model too small to split runs best on one.
+    pub intra_threads: Option<usize>,
 }
 
 /// A load to put on the targets.
@@ -164,6 +168,17 @@ fn run_part(
     rows: &mut Vec<Row>,
     floors: &mut FloorCache,
 ) -> Result<(), BenchError> {
+    let part_env;
+    let env = match part.intra_threads {
+        Some(n) => {
+            part_env = BenchEnv {
+                intra_threads: n,
+                ..env.clone()
+            };
+            &part_env
+        }
+        None => env,
+    };
     let first_row = rows.len();
     let mut running: Vec<RunningTarget> = Vec::new();
     for spec in &part.targets {
@@ -464,6 +479,7 @@ pub fn vaccel(quick: bool) -> Plan {
                 requests: Some(if quick { 2000 } else { 20_000 }),
             },
             repeats: 3,
+            intra_threads: None,
         }],
         classifier: Some(ClassifierPart {
             transports: ALL_NETS[1..].to_vec(),
@@ -511,6 +527,7 @@ pub fn breakdown(root: &Path, quick: bool) -> Result<Plan, BenchError> {
                     requests: None,
                 },
                 repeats: 3,
+                intra_threads: None,
             })
             .collect(),
         classifier: None,
@@ -572,6 +589,7 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
                 },
                 workload: w,
                 repeats: 3,
+                intra_threads: None,
             })
             .collect(),
         classifier: None,
@@ -584,7 +602,8 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
 /// interleaved), closed loop 1, 4, 16, 64 clients and an
 /// open-loop Poisson sweep at fractions of each target's capacity over 16
 /// connections. Quick: LeNet at 1 and 16 clients, MobileNetV2 at 16.
-/// After each model's agents stop, the engine is measured alone: offline
+/// LeNet's engines use one intra-op thread whatever `--intra-threads`
+/// says (see the code's comment). After each model's agents stop, the engine is measured alone: offline
 /// at each row's mean batch, and the hand-off floor of each closed loop.
 pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
     let model = |name: &str, file: &str, dyn_dim: u64| model_workload(root, name, file, dyn_dim);
@@ -604,22 +623,29 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             })
             .collect()
     };
-    // (workload, loads, warm-up calls per client, the "on" setting): LeNet
-    // runs in tens of µs, MobileNetV2 and the classifier in milliseconds
-    // (64 clients × a few warm-up runs each already take seconds).
-    let mut parts: Vec<(Workload, Vec<LoadSpec>, u64, BatchConfig)> = Vec::new();
+    // (workload, loads, warm-up calls per client, the "on" setting, its
+    // intra-op threads): LeNet runs in tens of µs, MobileNetV2 and the
+    // classifier in milliseconds (64 clients × a few warm-up runs each
+    // already take seconds). LeNet's operators are too small to split: one
+    // intra-op thread serves it best (a second one's spinning takes a core
+    // from 16 clients: about half the requests, a 4 ms p99), as
+    // `intra_threads = 1` in its `[[model]]` table would.
+    type BatchPart = (Workload, Vec<LoadSpec>, u64, BatchConfig, Option<usize>);
+    let mut parts: Vec<BatchPart> = Vec::new();
     if quick {
         parts.push((
             model("lenet", "lenet_digits.onnx", 1)?,
             closed(&[1, 16]),
             50,
             BatchConfig::ON,
+            Some(1),
         ));
         parts.push((
             model("mobilenetv2", "mobilenetv2.onnx", 1)?,
             closed(&[16]),
             2,
             BatchConfig::ON,
+            None,
         ));
     } else {
         let all = |mut l: Vec<LoadSpec>| {
@@ -631,6 +657,7 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             all(closed(&[1, 4, 16, 64])),
             200,
             BatchConfig::ON,
+            Some(1),
         ));
         // The tweet classifier at a fixed sequence length (as the
         // breakdown suite feeds MiniLM): requests of one shape batch.
@@ -639,12 +666,14 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
             all(closed(&[1, 4, 16, 64])),
             2,
             BatchConfig::FILLING,
+            None,
         ));
         parts.push((
             model("mobilenetv2", "mobilenetv2.onnx", 1)?,
             all(closed(&[1, 4, 16, 64])),
             2,
             BatchConfig::ON,
+            None,
         ));
     }
     let targets = |on: BatchConfig| {
@@ -661,7 +690,8 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
         pin_by_default: false,
         parts: parts
             .into_iter()
-            .map(|(workload, loads, warmup, on)| Part {
+            .map(|(workload, loads, warmup, on, intra_threads)| Part {
+                intra_threads,
                 workload,
                 targets: targets(on),
                 loads,
@@ -710,6 +740,10 @@ mod tests {
                 assert_eq!((on.count(), off.count()), (2, 2));
             }
             let models: Vec<String> = b.parts.iter().map(|p| p.workload.label()).collect();
+            // LeNet alone runs on one intra-op thread.
+            let threads: Vec<Option<usize>> = b.parts.iter().map(|p| p.intra_threads).collect();
+            assert_eq!(threads[0], Some(1));
+            assert!(threads[1..].iter().all(Option::is_none));
             if quick {
                 assert_eq!(models, ["lenet", "mobilenetv2"]);
                 let measurements: usize = b.parts.iter().map(|p| p.loads.len()).sum();

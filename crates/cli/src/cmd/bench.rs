@@ -96,7 +96,8 @@ pub struct Args {
     /// Repeats of each measurement (the spread is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
-    /// ONNX Runtime intra-op threads of every engine in the run.
+    /// ONNX Runtime intra-op threads of every engine in the run (but the
+    /// batching suite's LeNet, which runs on one).
     #[arg(long, default_value_t = 2)]
     intra_threads: usize,
     /// Do not ask agents for timelines (no stage breakdown). By default
@@ -335,6 +336,7 @@ fn custom_plan(a: &Args) -> Result<Plan, CmdError> {
                     requests: a.requests,
                 },
                 repeats: a.repeats,
+                intra_threads: None,
             })
             .collect(),
         classifier: None,
