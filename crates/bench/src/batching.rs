@@ -20,7 +20,7 @@
 //! - [`tables`]: the report's table per model.
 
 use crate::caller::BenchError;
-use crate::handoff::{handoff_rps, HandoffBounds};
+use crate::handoff::{handoff_floor, HandoffBounds, HandoffFloor};
 use crate::results::Row;
 use crate::stats::spread;
 use crate::workload::{Input, Workload};
@@ -121,6 +121,9 @@ pub struct BatchingFigures {
     /// futex wake-ups (median over repeats).
     #[serde(default)]
     pub handoff_rps: Option<f64>,
+    /// The p99 round trip of that floor's callers (µs).
+    #[serde(default)]
+    pub handoff_p99_us: Option<f64>,
     /// Open loop: the offered load as a fraction of the target's capacity.
     pub load_fraction: Option<f64>,
 }
@@ -137,6 +140,7 @@ impl BatchingFigures {
             offline_batch: mean_batch.map(offline_batch),
             offline_rps: None,
             handoff_rps: None,
+            handoff_p99_us: None,
             load_fraction,
         }
     }
@@ -341,14 +345,14 @@ pub type OfflineCache = HashMap<(String, usize), Result<f64, String>>;
 
 /// Hand-off floors already measured, by (model, `max_batch`, clients): an
 /// error is kept as its message.
-pub type HandoffCache = HashMap<(String, usize, usize), Result<f64, String>>;
+pub type HandoffCache = HashMap<(String, usize, usize), Result<HandoffFloor, String>>;
 
 /// Both floors already measured in a run (parts of one model share them).
 #[derive(Debug, Default)]
 pub struct FloorCache {
     /// `offline_rps` figures.
     pub offline: OfflineCache,
-    /// `handoff_rps` figures.
+    /// `handoff_rps` / `handoff_p99_us` figures.
     pub handoff: HandoffCache,
 }
 
@@ -381,7 +385,8 @@ pub fn fill_offline(
     )
 }
 
-/// Fills `handoff_rps` of every closed-loop batching row in `rows`: the
+/// Fills `handoff_rps` and `handoff_p99_us` of every closed-loop batching
+/// row in `rows`: the
 /// [`handoff`](crate::handoff) floor of its clients under its `max_batch`,
 /// measuring each (model, `max_batch`, clients) not in `cache` once, with
 /// the engine of `workload` loaded here (`intra_threads` as the agents
@@ -405,9 +410,12 @@ pub fn fill_handoff(
             progress(&format!(
                 "hand-off floor {model}, {clients} clients, max_batch {max_batch}"
             ));
-            handoff_rps(backend, inputs, *clients, *max_batch, bounds)
+            handoff_floor(backend, inputs, *clients, *max_batch, bounds)
         },
-        |f, rps| f.handoff_rps = Some(rps),
+        |f, floor| {
+            f.handoff_rps = Some(floor.rps);
+            f.handoff_p99_us = Some(floor.p99_us);
+        },
         |(_, max_batch, clients)| {
             format!("hand-off floor ({clients} clients, max_batch {max_batch})")
         },
@@ -419,14 +427,14 @@ pub fn fill_handoff(
 /// `measure` measures one key not in `cache`, `set` stores a figure in a
 /// row, `what` names a key in a failed row's note.
 #[allow(clippy::too_many_arguments)]
-fn fill_measured<K: Clone + Eq + std::hash::Hash + Ord>(
+fn fill_measured<K: Clone + Eq + std::hash::Hash + Ord, V: Copy>(
     rows: &mut [Row],
     workload: &Workload,
     intra_threads: usize,
-    cache: &mut HashMap<K, Result<f64, String>>,
+    cache: &mut HashMap<K, Result<V, String>>,
     key: impl Fn(&Row, &BatchingFigures) -> Option<K>,
-    mut measure: impl FnMut(&dyn engine::Backend, &[Input], &K) -> Result<f64, BenchError>,
-    set: impl Fn(&mut BatchingFigures, f64),
+    mut measure: impl FnMut(&dyn engine::Backend, &[Input], &K) -> Result<V, BenchError>,
+    set: impl Fn(&mut BatchingFigures, V),
     what: impl Fn(&K) -> String,
 ) -> Result<(), BenchError> {
     let model = workload.label();
@@ -453,7 +461,7 @@ fn fill_measured<K: Clone + Eq + std::hash::Hash + Ord>(
             continue;
         };
         match cache.get(&k) {
-            Some(Ok(rps)) => set(f, *rps),
+            Some(Ok(v)) => set(f, *v),
             Some(Err(e)) => {
                 if !row.note.is_empty() {
                     row.note.push_str("; ");
@@ -550,11 +558,11 @@ pub fn tables(rows: &[Row]) -> String {
             out,
             "| load | clients | transport | off rps | on rps | on/off | mean batch | \
              offline rps | on/offline | hand-off floor off / on | on/floor | \
-             p50 off µs | p50 on µs | p99 off µs | p99 on µs |"
+             p50 off µs | p50 on µs | p99 off µs | p99 on µs | floor p99 on µs |"
         );
         let _ = writeln!(
             out,
-            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for p in points {
             let find = |name: &str| {
@@ -576,7 +584,7 @@ pub fn tables(rows: &[Row]) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 load_cell(p),
                 p.clients,
                 p.transport,
@@ -598,6 +606,8 @@ pub fn tables(rows: &[Row]) -> String {
                 us_cell(on, |r| r.p50_us),
                 us_cell(off, |r| r.p99_us),
                 us_cell(on, |r| r.p99_us),
+                on_f.and_then(|f| f.handoff_p99_us)
+                    .map_or("–".to_string(), |v| format!("{v:.0}")),
             );
         }
         out.push('\n');
@@ -699,6 +709,7 @@ mod tests {
         let mut f = BatchingFigures::new(config, Some(mean), None);
         f.offline_rps = Some(if config.is_on() { 80_000.0 } else { 20_000.0 });
         f.handoff_rps = Some(if config.is_on() { 50_000.0 } else { 12_000.0 });
+        f.handoff_p99_us = Some(if config.is_on() { 310.0 } else { 900.0 });
         r.batching = Some(f);
         r
     }
@@ -723,6 +734,11 @@ mod tests {
         ));
         assert!(lines[1]
             .starts_with("| closed | 16 | unix | 8000 | – | – | – | – | – | 12000 / – | – |"));
+        assert!(
+            lines[0].ends_with("| 310 |"),
+            "the floor's p99 with batching on"
+        );
+        assert!(lines[1].ends_with("| – |"));
         assert_eq!(tables(&[sample_row("x", 1)]), "");
     }
 

@@ -20,7 +20,7 @@
 //!
 //! No transport, protocol, queue, statistics or output copies: only the
 //! wake-ups and the runs any agent serving blocking callers needs. So a
-//! row's [`handoff_rps`] is what a lean hand-off gets for a closed loop of
+//! row's [`handoff_floor`] is what a lean hand-off gets for a closed loop of
 //! that many blocking clients from this engine on this machine (not a
 //! proof that nothing could do better: other waiting policies might);
 //! `offline_rps` (pre-formed batches, nobody to wake) is higher still. On
@@ -28,6 +28,7 @@
 //! threads, which an agent does not remove while its clients block.
 
 use crate::caller::BenchError;
+use crate::hist::LatencyHist;
 use crate::stats::spread;
 use crate::workload::Input;
 use engine::{Backend, TensorView};
@@ -95,6 +96,9 @@ struct Desk {
     doorbell: AtomicU32,
     /// Whether the engine thread sleeps (or is about to).
     asleep: AtomicBool,
+    /// Set while the timed window lasts: callers record their round
+    /// trips.
+    timing: AtomicBool,
     /// Set when the measurement is over.
     stop: AtomicBool,
 }
@@ -119,18 +123,27 @@ pub struct HandoffBounds {
     pub repeats: usize,
 }
 
-/// Requests per second that `clients` blocking caller threads get from
-/// `backend` through the hand-off described in the module docs
-/// (`max_batch` 1: each request its own run): the better of the two
-/// [`Waiting`] policies, each the median over `bounds.repeats` (the
-/// policies alternate within each repeat). `inputs` are one request's
-/// (first dimension 1).
+/// What one hand-off measurement gives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HandoffFloor {
+    /// Completed requests per second.
+    pub rps: f64,
+    /// 99th percentile of the callers' round trips (µs).
+    pub p99_us: f64,
+}
+
+/// What `clients` blocking caller threads get from `backend` through the
+/// hand-off described in the module docs (`max_batch` 1: each request its
+/// own run): the figures of the [`Waiting`] policy with more requests per
+/// second, each figure the median over `bounds.repeats` (the policies
+/// alternate within each repeat). `inputs` are one request's (first
+/// dimension 1).
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use tensorwire_bench::handoff::{handoff_rps, HandoffBounds};
+/// use tensorwire_bench::handoff::{handoff_floor, HandoffBounds};
 /// use tensorwire_bench::workload::Workload;
 /// let w = Workload::Identity { bytes: 64 };
 /// let backend = w.load_backend(1)?;
@@ -142,26 +155,26 @@ pub struct HandoffBounds {
 ///     duration: Duration::from_millis(50),
 ///     repeats: 1,
 /// };
-/// let rps = handoff_rps(backend.as_ref(), &inputs, 4, 4, &bounds)?;
-/// assert!(rps > 0.0);
+/// let floor = handoff_floor(backend.as_ref(), &inputs, 4, 4, &bounds)?;
+/// assert!(floor.rps > 0.0 && floor.p99_us > 0.0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn handoff_rps(
+pub fn handoff_floor(
     backend: &dyn Backend,
     inputs: &[Input],
     clients: usize,
     max_batch: usize,
     bounds: &HandoffBounds,
-) -> Result<f64, BenchError> {
+) -> Result<HandoffFloor, BenchError> {
     if clients == 0 {
         return Err(BenchError::new(
             "the hand-off floor needs at least one client",
         ));
     }
-    let mut rates: [Vec<f64>; 2] = Default::default();
+    let mut runs: [Vec<HandoffFloor>; 2] = Default::default();
     for _ in 0..bounds.repeats.max(1) {
-        for (policy, rates) in Waiting::BOTH.into_iter().zip(&mut rates) {
-            rates.push(one_repeat(
+        for (policy, runs) in Waiting::BOTH.into_iter().zip(&mut runs) {
+            runs.push(one_repeat(
                 backend,
                 inputs,
                 clients,
@@ -171,7 +184,12 @@ pub fn handoff_rps(
             )?);
         }
     }
-    Ok(rates.iter().map(|r| spread(r).0).fold(0.0, f64::max))
+    let median = |runs: &[HandoffFloor]| HandoffFloor {
+        rps: spread(&runs.iter().map(|r| r.rps).collect::<Vec<_>>()).0,
+        p99_us: spread(&runs.iter().map(|r| r.p99_us).collect::<Vec<_>>()).0,
+    };
+    let [sleep, poll] = runs.each_ref().map(|r| median(r));
+    Ok(if poll.rps > sleep.rps { poll } else { sleep })
 }
 
 fn one_repeat(
@@ -181,11 +199,12 @@ fn one_repeat(
     max_batch: usize,
     waiting: Waiting,
     bounds: &HandoffBounds,
-) -> Result<f64, BenchError> {
+) -> Result<HandoffFloor, BenchError> {
     let desk = Desk {
         slots: (0..clients).map(|_| Slot::default()).collect(),
         doorbell: AtomicU32::new(0),
         asleep: AtomicBool::new(false),
+        timing: AtomicBool::new(false),
         stop: AtomicBool::new(false),
     };
     let mut batch = Batch::new(inputs, max_batch.min(clients))?;
@@ -196,29 +215,48 @@ fn one_repeat(
             desk.stop.store(true, Ordering::SeqCst);
             r
         });
-        for slot in &desk.slots {
-            let desk = &desk;
-            s.spawn(move || call(desk, slot, waiting));
-        }
+        let callers: Vec<_> = desk
+            .slots
+            .iter()
+            .map(|slot| {
+                let desk = &desk;
+                s.spawn(move || call(desk, slot, waiting))
+            })
+            .collect();
         std::thread::sleep(bounds.warmup);
+        desk.timing.store(true, Ordering::Relaxed);
         let (n0, t0) = (desk.completed(), Instant::now());
         std::thread::sleep(bounds.duration);
         let (n1, t1) = (desk.completed(), Instant::now());
+        desk.timing.store(false, Ordering::Relaxed);
         desk.stop.store(true, Ordering::SeqCst);
         let served = engine
             .join()
             .map_err(|_| BenchError::new("the hand-off engine thread panicked"))?;
         served?;
-        Ok((n1 - n0) as f64 / t1.duration_since(t0).as_secs_f64())
+        let mut hist = LatencyHist::new();
+        for caller in callers {
+            let h = caller
+                .join()
+                .map_err(|_| BenchError::new("a hand-off caller thread panicked"))?;
+            hist.merge(&h);
+        }
+        Ok(HandoffFloor {
+            rps: (n1 - n0) as f64 / t1.duration_since(t0).as_secs_f64(),
+            p99_us: hist.percentile_us(0.99),
+        })
     })
 }
 
 /// A caller: post, wake the engine thread if it sleeps, sleep until
-/// answered; until the measurement stops.
-fn call(desk: &Desk, slot: &Slot, waiting: Waiting) {
+/// answered; until the measurement stops. Returns the round trips that
+/// ended in the timed window.
+fn call(desk: &Desk, slot: &Slot, waiting: Waiting) -> LatencyHist {
+    let mut hist = LatencyHist::new();
     let mut seq = 0u32;
     while !desk.stop.load(Ordering::Relaxed) {
         seq = seq.wrapping_add(1);
+        let sent = Instant::now();
         // SeqCst on both sides (this store, then the load of `asleep`;
         // the engine thread's store of `asleep`, then its scan): one of
         // the two always sees the other, so no post goes unnoticed.
@@ -230,12 +268,16 @@ fn call(desk: &Desk, slot: &Slot, waiting: Waiting) {
         waiting.poll(|| slot.answered.load(Ordering::Acquire) == seq);
         while slot.answered.load(Ordering::Acquire) != seq {
             if desk.stop.load(Ordering::Relaxed) {
-                return;
+                return hist;
             }
             let _ = futex::wait(&slot.answered, seq.wrapping_sub(1), Some(NAP));
         }
         slot.done.fetch_add(1, Ordering::Relaxed);
+        if desk.timing.load(Ordering::Relaxed) {
+            hist.record(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
     }
+    hist
 }
 
 /// The engine thread: take what is posted, run it, answer, sleep when
@@ -425,16 +467,17 @@ mod tests {
         // Each run pauses 20 ms: by the second run every other caller has
         // posted, so it takes them all.
         let r = Recorder::new(Duration::from_millis(20), false);
-        let rps = handoff_rps(&r, &inputs(), 8, 8, &bounds()).expect("measured");
-        assert!(rps > 0.0);
+        let floor = handoff_floor(&r, &inputs(), 8, 8, &bounds()).expect("measured");
+        assert!(floor.rps > 0.0);
+        assert!(floor.p99_us >= 20_000.0, "each run pauses 20 ms: {floor:?}");
         assert_eq!(r.most_rows.load(Ordering::Relaxed), 8);
     }
 
     #[test]
     fn batching_off_runs_each_request_alone() {
         let r = Recorder::new(Duration::from_millis(1), false);
-        let rps = handoff_rps(&r, &inputs(), 8, 1, &bounds()).expect("measured");
-        assert!(rps > 0.0);
+        let floor = handoff_floor(&r, &inputs(), 8, 1, &bounds()).expect("measured");
+        assert!(floor.rps > 0.0);
         assert_eq!(r.most_rows.load(Ordering::Relaxed), 1);
         assert!(r.runs.load(Ordering::Relaxed) >= 8);
     }
@@ -452,8 +495,8 @@ mod tests {
     #[test]
     fn an_engine_error_ends_the_measurement_with_it() {
         let r = Recorder::new(Duration::ZERO, true);
-        let e = handoff_rps(&r, &inputs(), 4, 4, &bounds()).expect_err("the engine refuses");
+        let e = handoff_floor(&r, &inputs(), 4, 4, &bounds()).expect_err("the engine refuses");
         assert!(e.0.contains("refused"), "{}", e.0);
-        assert!(handoff_rps(&r, &inputs(), 0, 4, &bounds()).is_err());
+        assert!(handoff_floor(&r, &inputs(), 0, 4, &bounds()).is_err());
     }
 }
