@@ -168,9 +168,9 @@ pub struct ModelConfig {
     pub concurrency: usize,
     /// ONNX Runtime intra-op threads of this model's runs; `None`: the
     /// agent's [`AgentConfig::intra_threads`]. A model whose operators are
-    /// too small to split (LeNet: tens of µs a run) gains nothing from a
+    /// too small to split (LeNet: ~8 µs a run) gains nothing from a
     /// second thread, and that thread's spinning takes a core its clients
-    /// need (LeNet, 16 shm clients, 2 cores: 1 thread ~1.9× the requests
+    /// need (LeNet, 16 shm clients, 2 cores: 1 thread 1.3–2.0× the requests
     /// of 2, p99 0.3–0.5 ms against 4 ms; docs/BENCHMARKS.md), while a
     /// larger model (MobileNetV2) runs ~1.8× faster on 2.
     #[serde(default)]
