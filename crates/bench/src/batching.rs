@@ -10,13 +10,14 @@
 //!   and after a measurement; Δ`inference_count` / Δ`execution_count` is
 //!   the mean batch the engine ran (warm-up calls included: they are made
 //!   by the same clients just before the timed phase);
-//! - [`offline_rps`], [`fill_offline`]: the engine's own throughput on
+//! - [`offline_rps`]: the engine's own throughput on
 //!   pre-formed batches of a row's mean batch size, ONNX Runtime called
 //!   directly in this process: what batching could reach at best with no
 //!   transport, no queue and no batch forming;
-//! - [`fill_handoff`]: each closed-loop row's [`handoff`](crate::handoff)
-//!   floor (as many blocking caller threads, nothing but wake-ups between
-//!   them and the engine): what a lean agent could reach for that loop;
+//! - [`fill_floors`]: fills both figures into the rows: the offline one,
+//!   and each closed-loop row's [`handoff`](crate::handoff) floor (as many
+//!   blocking caller threads, nothing but wake-ups between them and the
+//!   engine): what a lean agent could reach for that loop;
 //! - [`tables`]: the report's table per model.
 
 use crate::caller::BenchError;
@@ -356,122 +357,122 @@ pub struct FloorCache {
     pub handoff: HandoffCache,
 }
 
-/// Fills `offline_rps` of every batching row in `rows` that has a mean
-/// batch, measuring each (model, batch size) not in `cache` once, with the
-/// engine of `workload` loaded here (`intra_threads` as the agents had).
-/// `progress` is told what is measured. A failed measurement leaves the
-/// figure `None` and says why in the row's note.
-pub fn fill_offline(
-    rows: &mut [Row],
-    workload: &Workload,
-    intra_threads: usize,
-    bounds: &OfflineBounds,
-    cache: &mut OfflineCache,
-    progress: &mut dyn FnMut(&str),
-) -> Result<(), BenchError> {
-    let model = workload.label();
-    fill_measured(
-        rows,
-        workload,
-        intra_threads,
-        cache,
-        |_, f| Some((model.clone(), f.offline_batch?)),
-        |backend, inputs, (_, b)| {
-            progress(&format!("offline {model}, batches of {b}"));
-            offline_rps(backend, inputs, *b, bounds)
-        },
-        |f, rps| f.offline_rps = Some(rps),
-        |(_, b)| format!("offline batch of {b}"),
-    )
+/// Bounds of both floor measurements.
+#[derive(Clone, Copy, Debug)]
+pub struct FloorBounds {
+    /// Of each offline figure.
+    pub offline: OfflineBounds,
+    /// Of each hand-off floor.
+    pub handoff: HandoffBounds,
 }
 
-/// Fills `handoff_rps` and `handoff_p99_us` of every closed-loop batching
-/// row in `rows`: the
-/// [`handoff`](crate::handoff) floor of its clients under its `max_batch`,
-/// measuring each (model, `max_batch`, clients) not in `cache` once, with
-/// the engine of `workload` loaded here (`intra_threads` as the agents
-/// had). Errors as [`fill_offline`].
-pub fn fill_handoff(
+/// Fills the floors of every batching row of `workload`'s model in `rows`:
+/// `offline_rps` of each row with a mean batch (measured once per batch
+/// size), and `handoff_rps` / `handoff_p99_us` of each closed loop (the
+/// [`handoff`](crate::handoff) floor of its clients under its
+/// `max_batch`, measured once per pair). What `cache` already holds is not
+/// measured again; the rest is, with the engine loaded here once
+/// (`intra_threads` as the agents had). `progress` is told what is
+/// measured. A failed measurement leaves its figures `None` and says why
+/// in the row's note.
+pub fn fill_floors(
     rows: &mut [Row],
     workload: &Workload,
     intra_threads: usize,
-    bounds: &HandoffBounds,
-    cache: &mut HandoffCache,
+    bounds: &FloorBounds,
+    cache: &mut FloorCache,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), BenchError> {
     let model = workload.label();
-    fill_measured(
-        rows,
-        workload,
-        intra_threads,
-        cache,
-        |r, f| (r.load == "closed").then(|| (model.clone(), f.max_batch, r.clients)),
-        |backend, inputs, (_, max_batch, clients)| {
+    let offline_key = |r: &Row| Some((model.clone(), r.batching.as_ref()?.offline_batch?));
+    let handoff_key = |r: &Row| {
+        let f = r.batching.as_ref()?;
+        (r.load == "closed").then(|| (model.clone(), f.max_batch, r.clients))
+    };
+    let offline_wanted = missing(rows, &model, offline_key, &cache.offline);
+    let handoff_wanted = missing(rows, &model, handoff_key, &cache.handoff);
+    if !offline_wanted.is_empty() || !handoff_wanted.is_empty() {
+        let backend = workload.load_backend(intra_threads)?;
+        let inputs = workload.inputs(backend.signature())?;
+        for (m, b) in offline_wanted {
+            progress(&format!("offline {m}, batches of {b}"));
+            let r = offline_rps(backend.as_ref(), &inputs, b, &bounds.offline);
+            cache.offline.insert((m, b), r.map_err(|e| e.0));
+        }
+        for (m, max_batch, clients) in handoff_wanted {
             progress(&format!(
-                "hand-off floor {model}, {clients} clients, max_batch {max_batch}"
+                "hand-off floor {m}, {clients} clients, max_batch {max_batch}"
             ));
-            handoff_floor(backend, inputs, *clients, *max_batch, bounds)
-        },
-        |f, floor| {
-            f.handoff_rps = Some(floor.rps);
-            f.handoff_p99_us = Some(floor.p99_us);
-        },
-        |(_, max_batch, clients)| {
-            format!("hand-off floor ({clients} clients, max_batch {max_batch})")
-        },
-    )
+            let r = handoff_floor(
+                backend.as_ref(),
+                &inputs,
+                clients,
+                max_batch,
+                &bounds.handoff,
+            );
+            cache
+                .handoff
+                .insert((m, max_batch, clients), r.map_err(|e| e.0));
+        }
+    }
+    for row in rows.iter_mut().filter(|r| r.model == model) {
+        if let Some(k @ (_, b)) = offline_key(row) {
+            let what = format!("offline batch of {b}");
+            fill_row(row, cache.offline.get(&k), &what, |f, rps| {
+                f.offline_rps = Some(rps);
+            });
+        }
+        if let Some(k @ (_, max_batch, clients)) = handoff_key(row) {
+            let what = format!("hand-off floor ({clients} clients, max_batch {max_batch})");
+            fill_row(row, cache.handoff.get(&k), &what, |f, floor| {
+                f.handoff_rps = Some(floor.rps);
+                f.handoff_p99_us = Some(floor.p99_us);
+            });
+        }
+    }
+    Ok(())
 }
 
-/// The measure-once-and-fill of [`fill_offline`] and [`fill_handoff`]:
-/// `key` says what a row of `workload`'s model needs (`None`: nothing),
-/// `measure` measures one key not in `cache`, `set` stores a figure in a
-/// row, `what` names a key in a failed row's note.
-#[allow(clippy::too_many_arguments)]
-fn fill_measured<K: Clone + Eq + std::hash::Hash + Ord, V: Copy>(
-    rows: &mut [Row],
-    workload: &Workload,
-    intra_threads: usize,
-    cache: &mut HashMap<K, Result<V, String>>,
-    key: impl Fn(&Row, &BatchingFigures) -> Option<K>,
-    mut measure: impl FnMut(&dyn engine::Backend, &[Input], &K) -> Result<V, BenchError>,
-    set: impl Fn(&mut BatchingFigures, V),
-    what: impl Fn(&K) -> String,
-) -> Result<(), BenchError> {
-    let model = workload.label();
-    let row_key = |r: &Row| r.batching.as_ref().and_then(|f| key(r, f));
+/// The keys the rows of `model` need that `cache` lacks, sorted, once each.
+fn missing<K: Ord + std::hash::Hash, V>(
+    rows: &[Row],
+    model: &str,
+    key: impl Fn(&Row) -> Option<K>,
+    cache: &HashMap<K, V>,
+) -> Vec<K> {
     let mut wanted: Vec<K> = rows
         .iter()
         .filter(|r| r.model == model)
-        .filter_map(row_key)
+        .filter_map(key)
         .filter(|k| !cache.contains_key(k))
         .collect();
     wanted.sort();
     wanted.dedup();
-    if !wanted.is_empty() {
-        let backend = workload.load_backend(intra_threads)?;
-        let inputs = workload.inputs(backend.signature())?;
-        for k in wanted {
-            let r = measure(backend.as_ref(), &inputs, &k).map_err(|e| e.0);
-            cache.insert(k, r);
-        }
-    }
-    for row in rows.iter_mut().filter(|r| r.model == model) {
-        let Some(k) = row_key(row) else { continue };
-        let Some(f) = row.batching.as_mut() else {
-            continue;
-        };
-        match cache.get(&k) {
-            Some(Ok(v)) => set(f, *v),
-            Some(Err(e)) => {
-                if !row.note.is_empty() {
-                    row.note.push_str("; ");
-                }
-                let _ = write!(row.note, "{} failed: {e}", what(&k));
+    wanted
+}
+
+/// Stores a measured figure in `row` with `set`, or its failure (`what`
+/// failed: why) in the row's note.
+fn fill_row<V: Copy>(
+    row: &mut Row,
+    measured: Option<&Result<V, String>>,
+    what: &str,
+    set: impl FnOnce(&mut BatchingFigures, V),
+) {
+    match measured {
+        Some(Ok(v)) => {
+            if let Some(f) = row.batching.as_mut() {
+                set(f, *v);
             }
-            None => {}
         }
+        Some(Err(e)) => {
+            if !row.note.is_empty() {
+                row.note.push_str("; ");
+            }
+            let _ = write!(row.note, "{what} failed: {e}");
+        }
+        None => {}
     }
-    Ok(())
 }
 
 fn load_cell(r: &Row) -> String {
@@ -740,6 +741,60 @@ mod tests {
         );
         assert!(lines[1].ends_with("| – |"));
         assert_eq!(tables(&[sample_row("x", 1)]), "");
+    }
+
+    #[test]
+    fn floors_are_measured_once_and_filled_into_their_rows() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let workload = Workload::Model {
+            name: "lenet".into(),
+            path: root.join("models/build/digits_mlp.onnx"),
+            dyn_dim: 1,
+            files: Vec::new(),
+        };
+        let mut rows = vec![
+            batching_row("shm", 4, BatchConfig::OFF, 1.0),
+            batching_row("unix", 4, BatchConfig::ON, 1.0),
+            batching_row("shm", 4, BatchConfig::ON, 1.0),
+        ];
+        rows[2].load = "poisson".into(); // open loop: no hand-off floor
+        for r in &mut rows {
+            let f = r.batching.as_mut().expect("batching figures");
+            (f.offline_rps, f.handoff_rps, f.handoff_p99_us) = (None, None, None);
+        }
+        let quick = Duration::from_millis(30);
+        let bounds = FloorBounds {
+            offline: OfflineBounds {
+                duration: quick,
+                runs: 100,
+                repeats: 1,
+            },
+            handoff: HandoffBounds {
+                warmup: quick,
+                duration: quick,
+                repeats: 1,
+            },
+        };
+        let mut cache = FloorCache::default();
+        let mut measured = Vec::new();
+        fill_floors(&mut rows, &workload, 1, &bounds, &mut cache, &mut |w| {
+            measured.push(w.to_string())
+        })
+        .expect("measured");
+        // Offline at batches of 1 (off) and 16 (on, mean 15.6); hand-off
+        // floors of the two closed loops (max_batch 1 and 64, 4 clients).
+        assert_eq!(measured.len(), 4, "{measured:?}");
+        let f = |i: usize| rows[i].batching.clone().expect("batching figures");
+        assert!(f(0).offline_rps.is_some() && f(0).handoff_rps.is_some());
+        assert!(f(1).handoff_p99_us.is_some_and(|p| p > 0.0));
+        assert!(f(2).offline_rps.is_some() && f(2).handoff_rps.is_none());
+        // Measured once: a second fill takes every figure from the cache.
+        measured.clear();
+        fill_floors(&mut rows, &workload, 1, &bounds, &mut cache, &mut |w| {
+            measured.push(w.to_string())
+        })
+        .expect("filled");
+        assert!(measured.is_empty(), "{measured:?}");
     }
 
     #[test]

@@ -28,7 +28,9 @@
 //!   and future modes side by side; not a plan either
 //!   ([`crate::client_modes::run`]).
 
-use crate::batching::{self as batch, BatchConfig, BatchingFigures, FloorCache, OfflineBounds};
+use crate::batching::{
+    self as batch, BatchConfig, BatchingFigures, FloorBounds, FloorCache, OfflineBounds,
+};
 use crate::caller::BenchError;
 use crate::console::Console;
 use crate::handoff::HandoffBounds;
@@ -209,30 +211,24 @@ fn run_part(
             .duration
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1));
-        let bounds = OfflineBounds {
-            duration,
-            runs: 5000,
-            repeats: part.repeats,
+        let bounds = FloorBounds {
+            offline: OfflineBounds {
+                duration,
+                runs: 5000,
+                repeats: part.repeats,
+            },
+            handoff: HandoffBounds {
+                warmup: duration / 4,
+                duration,
+                repeats: part.repeats,
+            },
         };
-        batch::fill_offline(
+        batch::fill_floors(
             &mut rows[first_row..],
             &part.workload,
             env.intra_threads,
             &bounds,
-            &mut floors.offline,
-            &mut |what| console.begin(what),
-        )?;
-        let bounds = HandoffBounds {
-            warmup: duration / 4,
-            duration,
-            repeats: part.repeats,
-        };
-        batch::fill_handoff(
-            &mut rows[first_row..],
-            &part.workload,
-            env.intra_threads,
-            &bounds,
-            &mut floors.handoff,
+            floors,
             &mut |what| console.begin(what),
         )?;
     }
