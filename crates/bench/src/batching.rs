@@ -17,7 +17,7 @@
 //! - [`fill_floors`]: fills both figures into the rows: the offline one,
 //!   and each closed-loop row's [`handoff`](crate::handoff) floor (as many
 //!   blocking caller threads, nothing but wake-ups between them and the
-//!   engine): what a lean agent could reach for that loop;
+//!   engine): a reference for what an agent gets for that loop;
 //! - [`tables`]: the report's table per model.
 
 use crate::caller::BenchError;
@@ -747,7 +747,7 @@ mod tests {
     fn floors_are_measured_once_and_filled_into_their_rows() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let workload = Workload::Model {
-            name: "lenet".into(),
+            name: "lenet".into(), // as the rows name it; the digits MLP is smaller
             path: root.join("models/build/digits_mlp.onnx"),
             dyn_dim: 1,
             files: Vec::new(),

@@ -355,7 +355,11 @@ fn write_suite(out: &mut String, suite: &str, rows: &[Row]) {
              included); offline rps: ONNX Runtime in this process on pre-formed \
              batches of B = the mean batch, rounded (rows per second); \
              on/offline: how much of the engine's batched throughput the agent \
-             delivered.\n"
+             delivered; hand-off floor (closed loops): as many blocking caller \
+             threads and the engine in this process, futex wake-ups and nothing \
+             else between them, batching what was posted (off: one run each), \
+             never waiting for company; on/floor and floor p99 on: the agent \
+             against it, a reference, not a bound.\n"
         );
         out.push_str(&batching);
     }

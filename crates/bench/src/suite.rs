@@ -599,8 +599,10 @@ pub fn load_sweep(root: &Path, quick: bool) -> Result<Plan, BenchError> {
 /// open-loop Poisson sweep at fractions of each target's capacity over 16
 /// connections. Quick: LeNet at 1 and 16 clients, MobileNetV2 at 16.
 /// LeNet's engines use one intra-op thread whatever `--intra-threads`
-/// says (see the code's comment). After each model's agents stop, the engine is measured alone: offline
-/// at each row's mean batch, and the hand-off floor of each closed loop.
+/// says: its operators are too small to split, and a second thread's
+/// spinning takes a core from its clients. After each model's agents
+/// stop, the engine is measured alone: offline at each row's mean batch,
+/// and the hand-off floor of each closed loop.
 pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
     let model = |name: &str, file: &str, dyn_dim: u64| model_workload(root, name, file, dyn_dim);
     let closed = |clients: &[usize]| -> Vec<LoadSpec> {
@@ -624,7 +626,7 @@ pub fn batching(root: &Path, quick: bool) -> Result<Plan, BenchError> {
     // classifier in milliseconds (64 clients × a few warm-up runs each
     // already take seconds). LeNet's operators are too small to split: one
     // intra-op thread serves it best (a second one's spinning takes a core
-    // from 16 clients: about half the requests, a 4 ms p99), as
+    // from 16 clients: 1.3–2.0× fewer requests, a 4 ms p99), as
     // `intra_threads = 1` in its `[[model]]` table would.
     type BatchPart = (Workload, Vec<LoadSpec>, u64, BatchConfig, Option<usize>);
     let mut parts: Vec<BatchPart> = Vec::new();

@@ -170,9 +170,8 @@ pub struct ModelConfig {
     /// agent's [`AgentConfig::intra_threads`]. A model whose operators are
     /// too small to split (LeNet: ~8 µs a run) gains nothing from a
     /// second thread, and that thread's spinning takes a core its clients
-    /// need (LeNet, 16 shm clients, 2 cores: 1 thread 1.3–2.0× the requests
-    /// of 2, p99 0.3–0.5 ms against 4 ms; docs/BENCHMARKS.md), while a
-    /// larger model (MobileNetV2) runs ~1.8× faster on 2.
+    /// need, while a larger one (MobileNetV2) needs both (figures:
+    /// `docs/BENCHMARKS.md`, "Dynamic batching").
     #[serde(default)]
     pub intra_threads: Option<usize>,
     /// The most requests that may wait for it (0: no limit); one more is
@@ -1305,8 +1304,10 @@ mod tests {
         assert_eq!(m.intra_threads, Some(3));
         for n in [0, 257] {
             let mut cfg = AgentConfig::default();
-            cfg.models
-                .push(ModelConfig::parse_flag(&format!("s=s.onnx;intra_threads={n}")).unwrap());
+            cfg.models.push(
+                ModelConfig::parse_flag(&format!("s=s.onnx;intra_threads={n}"))
+                    .expect("parses; checked by validate"),
+            );
             let e = cfg.validate().expect_err("out of range").to_string();
             assert!(e.contains("'s': intra_threads must be 1..=256"), "{e}");
         }
