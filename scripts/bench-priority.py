@@ -129,6 +129,8 @@ def main():
     ap.add_argument("--pause-ms", type=float, default=2.0, help="probe's pause between calls")
     ap.add_argument("--transport", choices=("unix", "shm"), default="unix")
     ap.add_argument("--intra-threads", type=int, default=2, help="the agents' ONNX Runtime intra-op threads")
+    ap.add_argument("--intra-spinning", choices=("on", "off"), default="on",
+                    help="whether the agents' intra-op threads spin (serve --intra-spinning; default on, as serve)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.rounds < 1 or a.n < 10 or a.load < 1:
@@ -145,7 +147,9 @@ def main():
             listen = f"unix://{sock}" if a.transport == "unix" else f"shm://twprio-{os.getpid()}-{name}"
             cfg = os.path.join(work, f"{name}.toml")
             with open(cfg, "w") as f:
-                f.write(f'listen = ["{listen}"]\nintra_threads = {a.intra_threads}\n\n[[model]]\nname = "mobilenet"\npath = "{MODEL}"\n'
+                f.write(f'listen = ["{listen}"]\nintra_threads = {a.intra_threads}\n'
+                        f'intra_spinning = {"true" if a.intra_spinning == "on" else "false"}\n\n'
+                        f'[[model]]\nname = "mobilenet"\npath = "{MODEL}"\n'
                         f"priority_levels = 2\npreempt = {'true' if name == 'preempt' else 'false'}\n")
             agent = subprocess.Popen([a.bin, "serve", "--config", cfg], stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
