@@ -12,6 +12,7 @@
 //! path = "models/build/digits_mlp.onnx"
 //! concurrency = 1          # runs of this model at once, its engine instances (default 1)
 //! intra_threads = 1        # this model's ONNX Runtime threads per run (default: the agent's)
+//! intra_spinning = false   # whether they spin (default: the agent's intra_spinning)
 //! max_queue = 0            # most requests waiting; one more is refused `overloaded` (0 = no limit)
 //! priority_levels = 1      # request priorities 1 (highest) ..= this
 //! default_priority = 1     # level of a request that names none (default: the lowest)
@@ -174,6 +175,14 @@ pub struct ModelConfig {
     /// `docs/BENCHMARKS.md`, "Dynamic batching").
     #[serde(default)]
     pub intra_threads: Option<usize>,
+    /// Whether this model's intra-op threads spin (ONNX Runtime's
+    /// `session.intra_op.allow_spinning`); `None`: the agent's
+    /// [`AgentConfig::intra_spinning`]. Off suits a model whose urgent
+    /// requests stop others' runs (`preempt`): the stopped run's spinning
+    /// threads keep the cores the urgent run needs (figures:
+    /// `docs/BENCHMARKS.md`, "Priorities at overload").
+    #[serde(default)]
+    pub intra_spinning: Option<bool>,
     /// The most requests that may wait for it (0: no limit); one more is
     /// refused `overloaded` at once.
     #[serde(default)]
@@ -236,6 +245,7 @@ impl ModelConfig {
             path: path.into(),
             concurrency: 1,
             intra_threads: None,
+            intra_spinning: None,
             max_queue: 0,
             priority_levels: 1,
             default_priority: None,
@@ -1300,8 +1310,10 @@ mod tests {
         assert_eq!(cfg.models[0].intra_threads, Some(1));
         assert_eq!(cfg.models[1].intra_threads, None);
         cfg.validate().expect("valid");
-        let m = ModelConfig::parse_flag("s=s.onnx;intra_threads=3").expect("a valid flag");
-        assert_eq!(m.intra_threads, Some(3));
+        let m = ModelConfig::parse_flag("s=s.onnx;intra_threads=3;intra_spinning=false")
+            .expect("a valid flag");
+        assert_eq!((m.intra_threads, m.intra_spinning), (Some(3), Some(false)));
+        assert!(ModelConfig::parse_flag("s=s.onnx;intra_spinning=sometimes").is_err());
         for n in [0, 257] {
             let mut cfg = AgentConfig::default();
             cfg.models.push(

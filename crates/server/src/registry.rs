@@ -421,14 +421,15 @@ impl ModelRegistry {
 /// let m = ModelConfig { concurrency: 3, ..ModelConfig::new("digits", "digits.onnx") };
 /// let opts = ort_options(&m, &cfg);
 /// assert_eq!((opts.intra_threads, opts.sessions), (1, 3));
-/// // A model's own intra_threads wins over the agent's.
-/// let m = ModelConfig { intra_threads: Some(4), ..m };
-/// assert_eq!(ort_options(&m, &cfg).intra_threads, 4);
+/// // A model's own settings win over the agent's.
+/// let m = ModelConfig { intra_threads: Some(4), intra_spinning: Some(!cfg.intra_spinning), ..m };
+/// let opts = ort_options(&m, &cfg);
+/// assert_eq!((opts.intra_threads, opts.intra_spinning), (4, !cfg.intra_spinning));
 /// ```
 pub fn ort_options(m: &ModelConfig, cfg: &AgentConfig) -> OrtOptions {
     OrtOptions {
         intra_threads: m.intra_threads.unwrap_or(cfg.intra_threads),
-        intra_spinning: cfg.intra_spinning,
+        intra_spinning: m.intra_spinning.unwrap_or(cfg.intra_spinning),
         inter_threads: cfg.inter_threads,
         sessions: m.concurrency,
     }
