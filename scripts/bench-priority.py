@@ -32,6 +32,9 @@ preemption a high-priority request still waits for the run in progress
 
   .venv/bin/python scripts/bench-priority.py --bin target/release/tensorwire \\
       --rounds 5 --out docs/bench/priority
+
+`--intra-spinning off` runs both agents with ONNX Runtime's intra-op
+threads not spinning (TOML `intra_spinning = false`).
 """
 
 import argparse
