@@ -344,8 +344,8 @@ pub fn offline_rps(
 /// kept as its message.
 pub type OfflineCache = HashMap<(String, usize), Result<f64, String>>;
 
-/// Hand-off floors already measured, by (model, `max_batch`, clients): an
-/// error is kept as its message.
+/// Hand-off floors already measured, by (model, `max_batch` capped at the
+/// clients, clients): an error is kept as its message.
 pub type HandoffCache = HashMap<(String, usize, usize), Result<HandoffFloor, String>>;
 
 /// Both floors already measured in a run (parts of one model share them).
@@ -370,7 +370,8 @@ pub struct FloorBounds {
 /// `offline_rps` of each row with a mean batch (measured once per batch
 /// size), and `handoff_rps` / `handoff_p99_us` of each closed loop (the
 /// [`handoff`](crate::handoff) floor of its clients under its
-/// `max_batch`, measured once per pair). What `cache` already holds is not
+/// `max_batch`, measured once per clients and batch they can form: a
+/// 1-client row's off and on share one). What `cache` already holds is not
 /// measured again; the rest is, with the engine loaded here once
 /// (`intra_threads` as the agents had). `progress` is told what is
 /// measured. A failed measurement leaves its figures `None` and says why
@@ -387,7 +388,9 @@ pub fn fill_floors(
     let offline_key = |r: &Row| Some((model.clone(), r.batching.as_ref()?.offline_batch?));
     let handoff_key = |r: &Row| {
         let f = r.batching.as_ref()?;
-        (r.load == "closed").then(|| (model.clone(), f.max_batch, r.clients))
+        // The batch never outgrows the clients: one key per batch it can form.
+        let rows = f.max_batch.min(r.clients);
+        (r.load == "closed").then(|| (model.clone(), rows, r.clients))
     };
     let offline_wanted = missing(rows, &model, offline_key, &cache.offline);
     let handoff_wanted = missing(rows, &model, handoff_key, &cache.handoff);
@@ -756,6 +759,8 @@ mod tests {
             batching_row("shm", 4, BatchConfig::OFF, 1.0),
             batching_row("unix", 4, BatchConfig::ON, 1.0),
             batching_row("shm", 4, BatchConfig::ON, 1.0),
+            batching_row("shm", 1, BatchConfig::OFF, 1.0),
+            batching_row("shm", 1, BatchConfig::ON, 1.0),
         ];
         rows[2].load = "poisson".into(); // open loop: no hand-off floor
         for r in &mut rows {
@@ -782,9 +787,11 @@ mod tests {
         })
         .expect("measured");
         // Offline at batches of 1 (off) and 16 (on, mean 15.6); hand-off
-        // floors of the two closed loops (max_batch 1 and 64, 4 clients).
-        assert_eq!(measured.len(), 4, "{measured:?}");
+        // floors of 4 clients with max_batch 1 and 64, and one for both
+        // 1-client rows (a lone client's batch is 1 either way).
+        assert_eq!(measured.len(), 5, "{measured:?}");
         let f = |i: usize| rows[i].batching.clone().expect("batching figures");
+        assert_eq!(f(3).handoff_rps, f(4).handoff_rps);
         assert!(f(0).offline_rps.is_some() && f(0).handoff_rps.is_some());
         assert!(f(1).handoff_p99_us.is_some_and(|p| p > 0.0));
         assert!(f(2).offline_rps.is_some() && f(2).handoff_rps.is_none());
