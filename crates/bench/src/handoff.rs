@@ -37,6 +37,7 @@ use engine::{Backend, TensorView};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use transport::shm::futex;
+use transport::spin::Spin;
 use wire::AlignedBuf;
 
 /// How long one sleep of a caller or the engine thread lasts at most: the
@@ -57,20 +58,19 @@ impl Waiting {
     pub const BOTH: [Waiting; 2] = [Waiting::Sleep, Waiting::Poll(Duration::from_micros(50))];
 
     /// Polls `ready` until it holds or the policy's poll is over; whether
-    /// it held.
+    /// it held. The poll is the transports' own ([`Spin`]: a clock read
+    /// and a yield every 64 polls), so the floor polls as the agent does.
     fn poll(self, ready: impl Fn() -> bool) -> bool {
-        let Waiting::Poll(budget) = self else {
-            return ready();
+        let budget = match self {
+            Waiting::Sleep => Duration::ZERO,
+            Waiting::Poll(budget) => budget,
         };
-        let t0 = Instant::now();
+        let mut spin = Spin::new(budget, 64);
         loop {
-            for _ in 0..64 {
-                if ready() {
-                    return true;
-                }
-                std::hint::spin_loop();
+            if ready() {
+                return true;
             }
-            if t0.elapsed() >= budget {
+            if !spin.again() {
                 return ready();
             }
         }
