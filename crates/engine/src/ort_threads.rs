@@ -57,8 +57,14 @@ mod tests {
         };
         let _digits = OrtBackend::load("digits", path.as_ref(), &opts).expect("loads");
         // Two pool threads (the caller is the third); other tests may load
-        // more models meanwhile, so at least two.
-        let named = thread_names().iter().filter(|n| *n == "tw-ort").count();
-        assert!(named >= 2, "{:?}", thread_names());
+        // more models meanwhile, so at least two. A new thread names itself
+        // once it runs (until then it shows its parent's name), so wait for
+        // that, at most 5 s.
+        let named = || thread_names().iter().filter(|n| *n == "tw-ort").count();
+        let t0 = std::time::Instant::now();
+        while named() < 2 && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(named() >= 2, "{:?}", thread_names());
     }
 }
