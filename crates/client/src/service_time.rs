@@ -54,10 +54,9 @@ use std::time::{Duration, Instant};
 /// Slots per session; kinds of request map onto them by hash.
 pub(crate) const SLOTS: usize = 64;
 
-/// How long before the estimated completion a sleeping wait wakes to poll:
-/// the kernel's timer slack (50 µs by default) plus a wake-up on a busy
-/// machine.
-pub(crate) const LEAD: Duration = Duration::from_micros(150);
+/// How long before the estimated completion a sleeping wait wakes to poll
+/// (the agent wakes as early before a client's forecast request).
+pub(crate) use transport::cadence::LEAD;
 
 /// The shortest sleep worth taking before polling: a shorter one would cost
 /// its timer wake-up (a context switch each way) for little CPU handed to

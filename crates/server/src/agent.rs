@@ -151,6 +151,13 @@ pub struct AgentStats {
     /// on its own CPU and moved off it, since start
     /// ([`transport::cpu`]).
     pub cpu_moves: u64,
+    /// Polls of shared-memory sessions ahead of a client request their
+    /// client's rhythm forecast ([`transport::cadence`]), since start:
+    /// those that caught the request (no wake-up), and those that missed
+    /// it (the request woke the session after all).
+    pub shm_forecast_caught: u64,
+    /// See [`AgentStats::shm_forecast_caught`].
+    pub shm_forecast_missed: u64,
 }
 
 /// A running agent.
@@ -456,6 +463,8 @@ impl Agent {
             shm_output_bytes_in_place: c.shm_output_bytes_in_place.load(Ordering::Relaxed),
             shm_output_bytes_aliased: c.shm_output_bytes_aliased.load(Ordering::Relaxed),
             cpu_moves: transport::cpu::moves_total(),
+            shm_forecast_caught: transport::cadence::polls_total().0,
+            shm_forecast_missed: transport::cadence::polls_total().1,
             movers: crate::movers().stats(),
         }
     }

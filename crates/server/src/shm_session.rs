@@ -53,6 +53,16 @@
 //! While it spins, the worker publishes its CPU and moves off its client's
 //! when both poll on one ([`ShmChannel`]'s placement).
 //!
+//! **A client with a rhythm.** A client that works between an answer and
+//! its next request (tokenizing, waiting for a frame) sends after a gap
+//! longer than the spin, and its request would pay a wake-up (30–50 µs on
+//! these VMs). Each session keeps the [`Cadence`] of its client's gaps
+//! after an answer (a `Release` is answered by nothing, and the request it
+//! precedes follows at once, so only the wait after an answer learns) and
+//! passes it to the wait, which, holding a polling slot, spins through
+//! short regular gaps, or sleeps until the request is due and polls again
+//! (`transport::cadence`; `AgentStats::shm_forecast_caught` / `_missed`).
+//!
 //! When the response ring is full (the client is not reading), the worker
 //! retries with a growing pause up to `stall_timeout`, then closes the
 //! session; other sessions are served by other workers and not affected.
@@ -77,6 +87,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+use transport::cadence::Cadence;
 use transport::shm::{futex, layout::AGENT_SLEEP, Arena, Layout, ShmChannel, ShmError};
 use transport::shm::{ShmSizes, WaitPolicy, SLOT_LEN};
 use transport::spin::SHM_POLLERS;
@@ -174,6 +185,8 @@ struct Serving {
     /// Where pulled inputs are read from, when this agent pulls
     /// (`allow_kernel_pull`).
     pull_from: Option<PullSource>,
+    /// The rhythm of the client's requests after its answers.
+    cadence: Cadence,
 }
 
 /// The client process a session's pulled inputs are read from: its pid
@@ -305,6 +318,7 @@ impl ShmSession {
             },
             parked: false,
             pull_from,
+            cadence: Cadence::default(),
         }));
         self.serve()
     }
@@ -335,6 +349,11 @@ impl ShmSession {
             step_off: false,
             ..policy
         };
+        let cadence = &mut st.cadence;
+        // Whether the last message was answered: only the wait after an
+        // answer learns the client's rhythm (a `Release` is answered by
+        // nothing, and the request it precedes follows at once).
+        let mut answered = false;
         let mut s = Session {
             core: &self.core,
             arena: &st.arena,
@@ -360,8 +379,9 @@ impl ShmSession {
                 Some(_) => policy,
                 None => sleep_at_once,
             };
+            let follow = answered.then_some(&mut *cadence);
             let got =
-                s.ch.recv_or_park(&s.grant.limits, policy, self.cfg.park_after, slot);
+                s.ch.recv_or_park(&s.grant.limits, policy, self.cfg.park_after, slot, follow);
             let (h, desc) = match got {
                 Ok(Some(m)) => m,
                 Ok(None) if !s.core.is_closing() => {
@@ -382,6 +402,7 @@ impl ShmSession {
                 }
                 Err(_) => break,
             };
+            answered = h.kind != Kind::Release;
             let ok = match h.kind {
                 Kind::Request => {
                     if let (Some(m), Some(seat)) = (meter.as_mut(), &s.grant.seat) {

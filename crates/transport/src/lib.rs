@@ -12,7 +12,9 @@
 //! The [`inproc`] transport hands messages to a service in the same process
 //! by function call: no bytes move at all. Every receiver waits the same
 //! way, [`spin`]: a bounded busy-wait before it blocks; a waiter that finds
-//! its peer on its own CPU steps off it ([`cpu`]).
+//! its peer on its own CPU steps off it ([`cpu`]), and a receiver whose
+//! peer sends in a rhythm polls again when its next message is due
+//! ([`cadence`]).
 //!
 //! # Examples
 //!
@@ -39,6 +41,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cadence;
 pub mod cpu;
 mod endpoint;
 mod error;

@@ -295,6 +295,22 @@ impl Spin {
         self.budget
     }
 
+    /// When the wait first read the clock (`None`: not yet, the wait is
+    /// younger than `check_every` polls).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let mut spin = transport::spin::Spin::new(Duration::from_secs(1), 64);
+    /// assert!(spin.started().is_none());
+    /// let waited = spin.elapsed(); // reads the clock
+    /// assert!(spin.started().is_some() && waited.is_zero());
+    /// ```
+    pub fn started(&self) -> Option<Instant> {
+        self.start
+    }
+
     /// Time since the wait's first clock read (starting the clock now if it
     /// has not been read yet). Example: [`Spin::again`].
     pub fn elapsed(&mut self) -> Duration {

@@ -317,8 +317,14 @@ pub fn run(a: Args) -> Result<(), CmdError> {
         eprintln!("tensorwire agent: {unfinished} requests did not finish in time");
     }
     eprintln!(
-        "tensorwire agent: stopped ({} responses, {} errors; workers moved off a client's CPU {} times; tensors moved: {})",
-        st.responses, st.errors, st.cpu_moves, st.movers
+        "tensorwire agent: stopped ({} responses, {} errors; workers moved off a client's CPU {} times; \
+         polls ahead of a forecast request: {} caught, {} missed; tensors moved: {})",
+        st.responses,
+        st.errors,
+        st.cpu_moves,
+        st.shm_forecast_caught,
+        st.shm_forecast_missed,
+        st.movers
     );
     Ok(())
 }

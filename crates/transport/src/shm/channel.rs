@@ -41,19 +41,20 @@
 //! byte on the control socket, which the event loop watches (with the
 //! peer's hang-up) — the futex cannot be watched by `epoll`.
 
+use crate::cadence::{Cadence, Forecast};
 use crate::cpu::{self, CpuStep, Step};
 use crate::shm::fdpass::{recv_with_fd, send_with_fd};
 use crate::shm::layout::{Layout, AGENT_CPU, AGENT_SLEEP, CLIENT_CPU, CLIENT_SLEEP, CPU_PINNED};
 use crate::shm::ring::{Consumer, Producer, Ring, RingError, SLOT_LEN};
 use crate::shm::{futex, Arena};
-use crate::spin::{Spin, SpinSlot};
+use crate::spin::{Spin, SpinSlot, SHM_POLLERS};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use wire::{
     decode_error_body, decode_hello, decode_hello_request, encode_hello, Header, Kind, Limits,
@@ -1046,7 +1047,7 @@ impl ShmChannel {
         policy: WaitPolicy,
         limit: Option<Duration>,
     ) -> Result<(Header, Vec<u8>), ShmError> {
-        match self.wait(limits, policy, limit, None, None)? {
+        match self.wait(limits, policy, limit, None, None, None)? {
             Some(m) => Ok(m),
             None => Err(ShmError::TimedOut),
         }
@@ -1062,6 +1063,12 @@ impl ShmChannel {
     /// `slot` is the polling slot the caller took for this wait (see
     /// [`crate::spin::SpinSlots`]), if any: it is given back as soon as the
     /// wait stops polling, not held through the sleep.
+    ///
+    /// `cadence`, for a wait that begins when this side has answered its
+    /// peer: the rhythm of the peer's messages, which this wait follows
+    /// (when it holds a slot) and teaches ([`crate::cadence`]). A forecast
+    /// poll after a sleep takes a slot of [`SHM_POLLERS`] (none free: no
+    /// poll).
     ///
     /// # Examples
     ///
@@ -1088,7 +1095,7 @@ impl ShmChannel {
     /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
     /// # }
     /// let (mut agent, mut client, limits) = session()?;
-    /// let parked = agent.recv_or_park(&limits, WaitPolicy::AGENT, Duration::from_millis(1), None)?;
+    /// let parked = agent.recv_or_park(&limits, WaitPolicy::AGENT, Duration::from_millis(1), None, None)?;
     /// assert!(parked.is_none());
     /// assert_eq!(client.arena().atomic_u32(AGENT_SLEEP).load(Ordering::Acquire), SLEEP_PARKED);
     ///
@@ -1107,8 +1114,9 @@ impl ShmChannel {
         policy: WaitPolicy,
         park_after: Duration,
         slot: Option<SpinSlot<'_>>,
+        cadence: Option<&mut Cadence>,
     ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
-        self.wait(limits, policy, None, Some(park_after), slot)
+        self.wait(limits, policy, None, Some(park_after), slot, cadence)
     }
 
     /// After [`ShmChannel::recv_or_park`] parked and the control socket
@@ -1133,7 +1141,7 @@ impl ShmChannel {
     /// #     Ok((agent.join().map_err(|_| "agent panicked")??, client, limits))
     /// # }
     /// let (mut agent, client, limits) = session()?;
-    /// assert!(agent.recv_or_park(&limits, WaitPolicy::AGENT, Duration::from_millis(1), None)?.is_none());
+    /// assert!(agent.recv_or_park(&limits, WaitPolicy::AGENT, Duration::from_millis(1), None, None)?.is_none());
     /// drop(client); // the client process ends
     /// assert!(matches!(agent.unpark(), Err(ShmError::PeerGone)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1162,8 +1170,9 @@ impl ShmChannel {
         limit: Option<Duration>,
         park_after: Option<Duration>,
         slot: Option<SpinSlot<'_>>,
+        cadence: Option<&mut Cadence>,
     ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
-        let r = self.wait_polling_then_sleeping(limits, policy, limit, park_after, slot);
+        let r = self.wait_polling_then_sleeping(limits, policy, limit, park_after, slot, cadence);
         // However the wait ended (message, time limit, park, error), this
         // side is not polling any more.
         self.publish_spin(0);
@@ -1177,8 +1186,25 @@ impl ShmChannel {
         limit: Option<Duration>,
         park_after: Option<Duration>,
         mut slot: Option<SpinSlot<'_>>,
+        mut cadence: Option<&mut Cadence>,
     ) -> Result<Option<(Header, Vec<u8>)>, ShmError> {
-        let mut spin = Spin::new(policy.spin, 64);
+        // A cadence forecasts only for a wait that may poll (holds a slot).
+        let forecast = match (cadence.as_deref_mut(), &slot) {
+            (Some(c), Some(_)) => c.forecast(policy.spin),
+            _ => Forecast::Spin(policy.spin),
+        };
+        let (budget, mut window) = match forecast {
+            Forecast::Spin(b) => (b, None),
+            Forecast::Wake { wake, window } => (policy.spin, Some((wake, window))),
+        };
+        // Polling past this side's own spin for a forecast message (a
+        // stretched spin, or the window after a sleep): how it ends
+        // teaches the cadence.
+        let mut ahead = budget > policy.spin;
+        let mut spin = Spin::new(budget, 64);
+        // The wait's first clock read (the spin's), which gaps and sleeps
+        // count from: a message within the first polls reads no clock.
+        let mut started: Option<Instant> = None;
         // Set when this side sleeps because its mask holds it on its
         // peer's CPU: its word stays published (pinned bit set) while it
         // sleeps, so that the peer, polling there, sees whose turn it is;
@@ -1187,6 +1213,13 @@ impl ShmChannel {
         loop {
             if let Some(m) = self.try_recv(limits)? {
                 self.publish_spin(0);
+                if let Some(c) = cadence {
+                    if ahead {
+                        c.polled(true);
+                    }
+                    let t0 = started.or(spin.started());
+                    c.arrived(t0.map(|t| t.elapsed()), policy.spin);
+                }
                 return Ok(Some(m));
             }
             if self.wanted.load(Ordering::Relaxed) != 0 {
@@ -1200,11 +1233,37 @@ impl ShmChannel {
                 }
                 continue;
             }
+            if std::mem::take(&mut ahead) {
+                if let Some(c) = cadence.as_deref_mut() {
+                    c.polled(false);
+                }
+            }
             drop(slot.take());
             if !handed_over {
                 self.publish_spin(0);
             }
-            let since = spin.elapsed();
+            let since = match started {
+                Some(t0) => t0.elapsed(),
+                None => {
+                    let e = spin.elapsed();
+                    started = spin.started();
+                    e
+                }
+            };
+            if let Some((wake, poll_for)) = window {
+                if since >= wake {
+                    // The forecast message is due: poll for it, in one of
+                    // the agent's polling slots (none free: sleep on).
+                    window = None;
+                    if let Some(s) = SHM_POLLERS.try_take() {
+                        slot = Some(s);
+                        spin = Spin::new(poll_for, 64);
+                        ahead = true;
+                        handed_over = false;
+                        continue;
+                    }
+                }
+            }
             let left = limit.map(|l| l.saturating_sub(since));
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(None);
@@ -1224,6 +1283,8 @@ impl ShmChannel {
             }
             let slice = left.map_or(policy.slice, |l| l.min(policy.slice));
             let slice = park_after.map_or(slice, |p| slice.min(p.saturating_sub(since)));
+            // Wake for a forecast message in time to poll for it.
+            let slice = window.map_or(slice, |(wake, _)| slice.min(wake.saturating_sub(since)));
             self.my_sleep().store(SLEEP_FUTEX, Ordering::SeqCst);
             fence(Ordering::SeqCst);
             if !self.rx.ready() && self.wanted.load(Ordering::SeqCst) == 0 {
@@ -1314,7 +1375,6 @@ mod tests {
     use super::*;
     use rustix::event::{poll, PollFd, PollFlags};
     use std::os::unix::net::UnixListener;
-    use std::time::Instant;
 
     #[test]
     fn sizes_shrink_in_proportion_to_fit_an_arena_budget() {
@@ -1592,7 +1652,7 @@ mod tests {
         };
         for round in 0..3 {
             // Nothing to read: the agent parks after 10 ms.
-            let got = a.recv_or_park(&limits, quick, Duration::from_millis(10), None);
+            let got = a.recv_or_park(&limits, quick, Duration::from_millis(10), None, None);
             assert!(matches!(got, Ok(None)), "round {round}: {got:?}");
             assert_eq!(
                 a.arena.atomic_u32(AGENT_SLEEP).load(Ordering::SeqCst),
@@ -1611,12 +1671,102 @@ mod tests {
         }
         // A parked side whose peer leaves sees it on the same socket.
         assert!(matches!(
-            a.recv_or_park(&limits, quick, Duration::ZERO, None),
+            a.recv_or_park(&limits, quick, Duration::ZERO, None, None),
             Ok(None)
         ));
         drop(c);
         assert!(readable(a.as_fd()));
         assert!(matches!(a.unpark(), Err(ShmError::PeerGone)));
+    }
+
+    /// A session that learned a 20 ms rhythm, with a polling slot.
+    fn following(gap: Duration) -> (WaitPolicy, Cadence) {
+        let policy = WaitPolicy {
+            spin: Duration::from_micros(50),
+            slice: Duration::from_secs(5),
+            step_off: false,
+        };
+        let mut cadence = Cadence::default();
+        cadence.arrived(Some(gap), policy.spin);
+        cadence.arrived(Some(gap), policy.spin);
+        (policy, cadence)
+    }
+
+    #[test]
+    fn a_wait_polls_again_when_a_forecast_message_is_due() {
+        let (mut c, mut a, limits) = pair(small());
+        let gap = Duration::from_millis(20);
+        let slots = crate::spin::SpinSlots::with_cap(1);
+        // The message comes long after its forecast: the wait wakes at
+        // ~20 ms, polls its window, misses, sleeps again (its slice is
+        // 5 s), and the send wakes it.
+        let (policy, mut cadence) = following(gap);
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(80));
+            assert!(c.send(&Header::new(Kind::Ping), &[]).unwrap());
+            c
+        });
+        let got = a.recv_or_park(
+            &limits,
+            policy,
+            Duration::from_secs(10),
+            slots.try_take(),
+            Some(&mut cadence),
+        );
+        assert!(matches!(got, Ok(Some(_))), "{got:?}");
+        let mut c = late.join().unwrap();
+        assert_eq!(cadence.polls(), (0, 1), "one window, missed");
+        // Without a slot, or without a cadence, no window.
+        for (slot, follow) in [(false, true), (true, false)] {
+            let (policy, mut cadence) = following(gap);
+            let late = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(40));
+                assert!(c.send(&Header::new(Kind::Ping), &[]).unwrap());
+                c
+            });
+            let slot = slot.then(|| slots.try_take()).flatten();
+            let got = a.recv_or_park(
+                &limits,
+                policy,
+                Duration::from_secs(10),
+                slot,
+                follow.then_some(&mut cadence),
+            );
+            assert!(matches!(got, Ok(Some(_))), "{got:?}");
+            c = late.join().unwrap();
+            assert_eq!(cadence.polls(), (0, 0));
+        }
+        // A message sent while the window polls is caught without a
+        // wake-up. The sender watches the agent's sleep word: asleep after
+        // its spin, then awake by itself; it sends at once. (A sender
+        // descheduled through the whole window sees it asleep again and
+        // tries the next round.)
+        let word = |c: &ShmChannel| c.arena().atomic_u32(AGENT_SLEEP).load(Ordering::SeqCst);
+        let mut caught = false;
+        for _ in 0..5 {
+            let (policy, mut cadence) = following(gap);
+            let sender = std::thread::spawn(move || {
+                let t0 = Instant::now();
+                while word(&c) != SLEEP_FUTEX && t0.elapsed() < Duration::from_secs(2) {}
+                while word(&c) == SLEEP_FUTEX && t0.elapsed() < Duration::from_secs(2) {}
+                assert!(c.send(&Header::new(Kind::Ping), &[]).unwrap());
+                c
+            });
+            let got = a.recv_or_park(
+                &limits,
+                policy,
+                Duration::from_secs(10),
+                slots.try_take(),
+                Some(&mut cadence),
+            );
+            assert!(matches!(got, Ok(Some(_))), "{got:?}");
+            c = sender.join().unwrap();
+            if cadence.polls() == (1, 0) {
+                caught = true;
+                break;
+            }
+        }
+        assert!(caught, "no window caught a message sent while it polled");
     }
 
     #[test]
@@ -1630,7 +1780,7 @@ mod tests {
             step_off: true,
         };
         assert!(matches!(
-            a.recv_or_park(&limits, quick, Duration::ZERO, None),
+            a.recv_or_park(&limits, quick, Duration::ZERO, None, None),
             Ok(None)
         ));
         c.wake_peer().unwrap();
