@@ -137,6 +137,9 @@ pub struct Cadence {
     /// Gaps recorded (at most [`HISTORY`]), and where the next one goes.
     len: usize,
     next: usize,
+    /// How many of them are 0: a fast cadence is told so without sorting
+    /// (the wait after every answer asks).
+    fast: usize,
     /// Forecast polls that missed, net of catches, plus the waits that did
     /// not poll ahead since the count reached [`MISS_LIMIT`].
     misses: u32,
@@ -173,7 +176,9 @@ impl Cadence {
     pub fn forecast(&mut self, spin: Duration) -> Forecast {
         let plain = Forecast::Spin(spin);
         let n = self.len;
-        if spin.is_zero() || n < 2 {
+        // A quarter of the gaps or more within the spin: nothing to
+        // forecast (the sorted first quartile below would be 0).
+        if spin.is_zero() || n < 2 || self.fast > n / 4 {
             return plain;
         }
         let mut sorted = self.gaps;
@@ -181,8 +186,7 @@ impl Cadence {
         sorted.sort_unstable();
         let (q1, est, q3) = (sorted[n / 4], sorted[n / 2], sorted[(3 * n - 1) / 4]);
         let spread = (q3 - q1) / 2;
-        // A quarter of the gaps within the spin, or gaps that scatter: no
-        // rhythm to follow.
+        // Gaps that scatter: no rhythm to follow.
         if q1 == 0 || spread > est / 2 {
             return plain;
         }
@@ -216,6 +220,12 @@ impl Cadence {
             // The spin covered it: nothing to forecast.
             _ => 0,
         };
+        if self.len == HISTORY && self.gaps[self.next] == 0 {
+            self.fast -= 1;
+        }
+        if ns == 0 {
+            self.fast += 1;
+        }
         self.gaps[self.next] = ns;
         self.next = (self.next + 1) % HISTORY;
         self.len = (self.len + 1).min(HISTORY);
@@ -367,8 +377,14 @@ mod tests {
     fn the_history_keeps_its_length_over_many_gaps() {
         let mut c = Cadence::default();
         for i in 0..10_000u64 {
-            c.arrived(Some(us(1_000 + i % 3)), SPIN);
+            let gap = if i % 5 == 0 {
+                us(10)
+            } else {
+                us(1_000 + i % 3)
+            };
+            c.arrived(Some(gap), SPIN);
             assert_eq!(c.len, HISTORY.min(i as usize + 1));
+            assert_eq!(c.fast, c.gaps[..c.len].iter().filter(|&&g| g == 0).count());
         }
         assert!(matches!(c.forecast(SPIN), Forecast::Wake { .. }));
     }
