@@ -198,6 +198,11 @@ impl Cadence {
             }
         }
         let (est, spread) = (Duration::from_nanos(est), Duration::from_nanos(spread));
+        if est + spread <= spin {
+            // Gaps learned with a shorter spin (a session without a polling
+            // slot polls only 3 µs) that this spin covers.
+            return plain;
+        }
         if est <= STRETCH_MAX {
             return Forecast::Spin((est + spread + LEAD).max(spin));
         }
@@ -371,6 +376,12 @@ mod tests {
         }
         let mut short = taught(&[60, 60]);
         assert_eq!(short.forecast(SPIN), Forecast::Spin(us(210)));
+        // Learned while polling 3 µs, waited for with 50.
+        let mut c = Cadence::default();
+        for _ in 0..4 {
+            c.arrived(Some(us(20)), us(3));
+        }
+        assert_eq!(c.forecast(SPIN), Forecast::Spin(SPIN));
     }
 
     #[test]
