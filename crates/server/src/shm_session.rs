@@ -56,12 +56,13 @@
 //! **A client with a rhythm.** A client that works between an answer and
 //! its next request (tokenizing, waiting for a frame) sends after a gap
 //! longer than the spin, and its request would pay a wake-up (30–50 µs on
-//! these VMs). Each session keeps the [`Cadence`] of its client's gaps
-//! after an answer (a `Release` is answered by nothing, and the request it
-//! precedes follows at once, so only the wait after an answer learns) and
-//! passes it to the wait, which, holding a polling slot, spins through
-//! short regular gaps, or sleeps until the request is due and polls again
-//! (`transport::cadence`; `AgentStats::shm_forecast_caught` / `_missed`).
+//! these VMs). Each session keeps the [`Cadence`] of its client's gaps,
+//! from an answer to the client's next message that is not a `Release`
+//! (a Release is answered by nothing; its wait's time carries into the
+//! next), and passes it to each wait, which, holding a polling slot, spins
+//! through short regular gaps, or sleeps until the request is due and
+//! polls again (`transport::cadence`; `AgentStats::shm_forecast_caught` /
+//! `_missed`).
 //!
 //! When the response ring is full (the client is not reading), the worker
 //! retries with a growing pause up to `stall_timeout`, then closes the
@@ -350,10 +351,10 @@ impl ShmSession {
             ..policy
         };
         let cadence = &mut st.cadence;
-        // Whether the last message was answered: only the wait after an
-        // answer learns the client's rhythm (a `Release` is answered by
-        // nothing, and the request it precedes follows at once).
-        let mut answered = false;
+        // Whether the waits follow the client's rhythm: from its first
+        // answer of this turn on (the gap before the turn's first message
+        // was a pause, not a rhythm).
+        let mut following = false;
         let mut s = Session {
             core: &self.core,
             arena: &st.arena,
@@ -379,7 +380,7 @@ impl ShmSession {
                 Some(_) => policy,
                 None => sleep_at_once,
             };
-            let follow = answered.then_some(&mut *cadence);
+            let follow = following.then_some(&mut *cadence);
             let got =
                 s.ch.recv_or_park(&s.grant.limits, policy, self.cfg.park_after, slot, follow);
             let (h, desc) = match got {
@@ -402,7 +403,16 @@ impl ShmSession {
                 }
                 Err(_) => break,
             };
-            answered = h.kind != Kind::Release;
+            // A gap runs from an answer to the client's next message that
+            // is not a `Release`: a Release is answered by nothing, and the
+            // client flushes it before its next request, or while it waits
+            // for an answer, or when enough queue up.
+            match (following, h.kind) {
+                (true, Kind::Release) => cadence.carried(),
+                (true, _) => cadence.ended(self.cfg.spin),
+                (false, _) => cadence.forgot(),
+            }
+            following = following || h.kind != Kind::Release;
             let ok = match h.kind {
                 Kind::Request => {
                     if let (Some(m), Some(seat)) = (meter.as_mut(), &s.grant.seat) {

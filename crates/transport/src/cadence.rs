@@ -7,19 +7,25 @@
 //! the next line, waits for the next camera frame) sends its request after
 //! a gap longer than the agent's spin (50 µs). The agent sleeps, and the
 //! request pays a wake-up: 30–50 µs from an idle vCPU on the 2-vCPU VMs we
-//! measure on, 1.5–2 % of a 2.5 ms classifier call and more than all else
+//! measure on, 1.2–2 % of a 2.5 ms classifier call and more than all else
 //! tensorwire adds to it. Such gaps are regular, so the receiver learns
 //! them: the estimate is the median of the last [`HISTORY`] gaps, the
-//! spread half their interquartile range (a quarter of them within the
-//! receiver's spin: nothing to forecast). Then a wait ([`Cadence::forecast`]):
+//! spread half their interquartile range (more than a quarter of them
+//! within the receiver's spin: nothing to forecast). A gap runs from an
+//! answer to the message that ends it ([`Cadence::ended`]); one that does
+//! not (a `Release` the client flushes before its request) carries its
+//! wait's time into the next wait ([`Cadence::carried`]). Then a wait
+//! ([`Cadence::forecast`]):
 //!
 //! - whose gaps the receiver's spin covers needs nothing: the cadence is
 //!   *fast* and no clock is read for it;
 //! - before a short gap (estimate ≤ [`STRETCH_MAX`]) spins longer, to the
 //!   estimate plus the spread plus [`LEAD`];
 //! - before a longer one spins as usual, sleeps until [`LEAD`] plus the
-//!   spread before the estimate, then polls for a window of twice that (at
-//!   most [`WINDOW_MAX`]); a message that comes earlier wakes it as before.
+//!   spread before the estimate, then polls for a window of twice that,
+//!   centred on the estimate (gaps that scatter more than a window of
+//!   [`WINDOW_MAX`] covers are not forecast); a message that comes earlier
+//!   wakes it as before.
 //!
 //! A median, not the low percentile a client's answer estimate follows
 //! (`client::service_time`): a client that sleeps past its answer pays for
@@ -129,7 +135,7 @@ pub enum Forecast {
 /// }
 /// assert_eq!(c.forecast(spin), Forecast::Spin(spin));
 /// ```
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Cadence {
     /// The last gaps, ns, oldest overwritten first; 0: a message within
     /// the receiver's spin.
@@ -140,6 +146,10 @@ pub struct Cadence {
     /// How many of them are 0: a fast cadence is told so without sorting
     /// (the wait after every answer asks).
     fast: usize,
+    /// The last wait's time, ns, until the receiver says whether its
+    /// message ended the gap; and what earlier waits of this gap carried.
+    last: u64,
+    open: u64,
     /// Forecast polls that missed, net of catches, plus the waits that did
     /// not poll ahead since the count reached [`MISS_LIMIT`].
     misses: u32,
@@ -176,7 +186,7 @@ impl Cadence {
     pub fn forecast(&mut self, spin: Duration) -> Forecast {
         let plain = Forecast::Spin(spin);
         let n = self.len;
-        // A quarter of the gaps or more within the spin: nothing to
+        // More than a quarter of the gaps within the spin: nothing to
         // forecast (the sorted first quartile below would be 0).
         if spin.is_zero() || n < 2 || self.fast > n / 4 {
             return plain;
@@ -187,44 +197,66 @@ impl Cadence {
         let (q1, est, q3) = (sorted[n / 4], sorted[n / 2], sorted[(3 * n - 1) / 4]);
         let spread = (q3 - q1) / 2;
         // Gaps that scatter: no rhythm to follow.
-        if q1 == 0 || spread > est / 2 {
+        if spread > est / 2 {
             return plain;
         }
         if self.misses >= MISS_LIMIT {
             let k = self.misses - MISS_LIMIT;
-            self.misses = self.misses.saturating_add(1);
-            if !k.is_multiple_of(PROBE_EVERY) {
+            self.misses = MISS_LIMIT + (k + 1) % PROBE_EVERY;
+            if k != 0 {
                 return plain;
             }
         }
-        let (est, spread) = (Duration::from_nanos(est), Duration::from_nanos(spread));
+        // Part of the gap may have passed in an earlier wait (`carried`).
+        let est = Duration::from_nanos(est.saturating_sub(self.open));
+        let spread = Duration::from_nanos(spread);
         if est + spread <= spin {
-            // Gaps learned with a shorter spin (a session without a polling
-            // slot polls only 3 µs) that this spin covers.
+            // Gaps this spin covers (learned with a shorter one: a session
+            // without a polling slot polls only 3 µs), or a gap nearly
+            // over.
             return plain;
         }
         if est <= STRETCH_MAX {
             return Forecast::Spin((est + spread + LEAD).max(spin));
         }
-        let lead = LEAD + spread;
+        // A window centred on the estimate, covering the spread: gaps
+        // that scatter more than a window covers are not forecast.
+        let half = LEAD + spread;
+        if 2 * half > WINDOW_MAX {
+            return plain;
+        }
         Forecast::Wake {
-            wake: est.saturating_sub(lead).max(spin),
-            window: (2 * lead).min(WINDOW_MAX),
+            wake: est.saturating_sub(half).max(spin),
+            window: 2 * half,
         }
     }
 
     /// A message came `gap` after the wait began (`None`: within the
-    /// receiver's spin, before it read the clock); `spin` is the
-    /// receiver's own spin. Only waits that begin when the receiver has
-    /// answered the peer should teach it: the gap is then the peer's
-    /// own time between an answer and its next message. Example:
-    /// [`Cadence`].
+    /// receiver's spin, before it read the clock), and ended the gap;
+    /// `spin` is the receiver's own spin: [`Cadence::waited`] then
+    /// [`Cadence::ended`]. Example: [`Cadence`].
     pub fn arrived(&mut self, gap: Option<Duration>, spin: Duration) {
-        let ns = match gap {
-            Some(gap) if gap > spin => u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX),
-            // The spin covered it: nothing to forecast.
-            _ => 0,
-        };
+        self.waited(gap);
+        self.ended(spin);
+    }
+
+    /// The wait this cadence followed ended with a message after `took`
+    /// (`None`: within its first polls, before it read the clock). The
+    /// receiver then says whether that message ended the gap
+    /// ([`Cadence::ended`]) or not ([`Cadence::carried`]).
+    pub fn waited(&mut self, took: Option<Duration>) {
+        self.last = took.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// The message that ended the last wait ended the gap (the peer's next
+    /// request after an answer): the gap, with what earlier waits of it
+    /// carried, is learned. `spin` is the receiver's own spin: a gap
+    /// within it counts as none.
+    pub fn ended(&mut self, spin: Duration) {
+        let total = self.open.saturating_add(std::mem::take(&mut self.last));
+        self.open = 0;
+        let spin_ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
+        let ns = if total > spin_ns { total } else { 0 };
         if self.len == HISTORY && self.gaps[self.next] == 0 {
             self.fast -= 1;
         }
@@ -234,6 +266,39 @@ impl Cadence {
         self.gaps[self.next] = ns;
         self.next = (self.next + 1) % HISTORY;
         self.len = (self.len + 1).min(HISTORY);
+    }
+
+    /// The message that ended the last wait did not end the gap (a
+    /// `Release` the client flushed before its request): its wait's time
+    /// carries into the next wait, which the cadence goes on following.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use transport::cadence::Cadence;
+    /// let (spin, ms) = (Duration::from_micros(50), Duration::from_millis);
+    /// let mut c = Cadence::default();
+    /// for _ in 0..3 {
+    ///     c.waited(Some(ms(2))); // a Release 2 ms after the answer,
+    ///     c.carried();
+    ///     c.waited(Some(ms(1))); // the request 1 ms later
+    ///     c.ended(spin);
+    /// }
+    /// let mut whole = Cadence::default();
+    /// for _ in 0..3 {
+    ///     whole.arrived(Some(ms(3)), spin);
+    /// }
+    /// assert_eq!(c.forecast(spin), whole.forecast(spin));
+    /// ```
+    pub fn carried(&mut self) {
+        self.open = self.open.saturating_add(std::mem::take(&mut self.last));
+    }
+
+    /// The last wait was not followed (the receiver's first after a pause):
+    /// whatever it carried is dropped, nothing is learned.
+    pub fn forgot(&mut self) {
+        (self.open, self.last) = (0, 0);
     }
 
     /// How a forecast poll (a stretched spin past the receiver's own, or
@@ -267,8 +332,12 @@ impl Cadence {
         };
         count.fetch_add(1, Ordering::Relaxed);
         *mine += 1;
-        self.misses = if !caught {
-            self.misses.saturating_add(1)
+        self.misses = if !caught && self.misses >= MISS_LIMIT {
+            // Closed: a missed probe; the count stays within the probe
+            // cycle, so it never saturates and stops probing.
+            MISS_LIMIT + (self.misses - MISS_LIMIT + 1) % PROBE_EVERY
+        } else if !caught {
+            self.misses + 1
         } else if self.misses >= MISS_LIMIT {
             MISS_LIMIT / 2
         } else {
@@ -320,17 +389,12 @@ mod tests {
         // One line that tokenized fast: the median holds.
         c.arrived(Some(us(1_900)), SPIN);
         assert_eq!(c.forecast(SPIN), on_time);
-        // A rhythm that changes is followed once it is the usual one.
+        // A rhythm that changes: while the gaps scatter more than a
+        // window covers, nothing is forecast; then the new one is.
         for _ in 0..HISTORY / 2 {
             c.arrived(Some(us(6_000)), SPIN);
         }
-        match c.forecast(SPIN) {
-            Forecast::Wake { wake, window } => {
-                assert!(wake > us(2_850), "{wake:?}");
-                assert!(window > us(300) && window <= WINDOW_MAX, "{window:?}");
-            }
-            f => panic!("{f:?}"),
-        }
+        assert_eq!(c.forecast(SPIN), Forecast::Spin(SPIN));
         for _ in 0..HISTORY {
             c.arrived(Some(us(6_000)), SPIN);
         }
@@ -341,6 +405,34 @@ mod tests {
                 window: us(300)
             }
         );
+    }
+
+    #[test]
+    fn the_window_is_centred_on_the_estimate_and_covers_the_spread() {
+        // Gaps of 4.9–5.1 ms: interquartile range 200 µs, spread 100.
+        let mut c = taught(&[4_900, 5_000, 5_100, 4_900, 5_000, 5_100, 4_900, 5_100]);
+        match c.forecast(SPIN) {
+            Forecast::Wake { wake, window } => {
+                assert_eq!(wake + window / 2, us(5_000), "{wake:?} {window:?}");
+                assert_eq!(window, 2 * (LEAD + us(100)));
+            }
+            f => panic!("{f:?}"),
+        }
+        // Part of the gap already passed (a Release came 3 ms in).
+        c.waited(Some(us(3_000)));
+        c.carried();
+        match c.forecast(SPIN) {
+            Forecast::Wake { wake, .. } => assert_eq!(wake, us(2_000) - LEAD - us(100)),
+            f => panic!("{f:?}"),
+        }
+        c.waited(Some(us(2_000)));
+        c.ended(SPIN);
+        assert_eq!(c.gaps[(c.next + HISTORY - 1) % HISTORY], 5_000_000);
+        // A wait that was not followed drops what was carried.
+        c.waited(Some(us(4_000)));
+        c.carried();
+        c.forgot();
+        assert_eq!((c.open, c.last), (0, 0));
     }
 
     #[test]

@@ -1200,7 +1200,11 @@ impl ShmChannel {
         // Polling past this side's own spin for a forecast message (a
         // stretched spin, or the window after a sleep): how it ends
         // teaches the cadence.
-        let mut ahead = budget > policy.spin;
+        let mut ahead = if budget > policy.spin {
+            Ahead::Stretched
+        } else {
+            Ahead::No
+        };
         let mut spin = Spin::new(budget, 64);
         // The wait's first clock read (the spin's), which gaps and sleeps
         // count from: a message within the first polls reads no clock.
@@ -1210,15 +1214,26 @@ impl ShmChannel {
         // sleeps, so that the peer, polling there, sees whose turn it is;
         // `wait` clears it when the wait ends.
         let mut handed_over = false;
+        // The window's poll, once the wait has lasted until it is due.
+        let due = |window: &mut Option<(Duration, Duration)>, since: Duration| match *window {
+            Some((wake, poll_for)) if since >= wake => {
+                *window = None;
+                Some(poll_for)
+            }
+            _ => None,
+        };
         loop {
             if let Some(m) = self.try_recv(limits)? {
                 self.publish_spin(0);
                 if let Some(c) = cadence {
-                    if ahead {
+                    let waited = started.or(spin.started()).map(|t| t.elapsed());
+                    // A stretched spin caught only what came after this
+                    // side's own spin would have ended.
+                    let past_own = waited.is_some_and(|w| w > policy.spin);
+                    if ahead == Ahead::Window || (ahead == Ahead::Stretched && past_own) {
                         c.polled(true);
                     }
-                    let t0 = started.or(spin.started());
-                    c.arrived(t0.map(|t| t.elapsed()), policy.spin);
+                    c.waited(waited);
                 }
                 return Ok(Some(m));
             }
@@ -1233,7 +1248,9 @@ impl ShmChannel {
                 }
                 continue;
             }
-            if std::mem::take(&mut ahead) {
+            // A forecast poll ran out (one cut short to hand the CPU to the
+            // peer proves nothing).
+            if std::mem::replace(&mut ahead, Ahead::No) != Ahead::No && !handed_over {
                 if let Some(c) = cadence.as_deref_mut() {
                     c.polled(false);
                 }
@@ -1250,19 +1267,9 @@ impl ShmChannel {
                     e
                 }
             };
-            if let Some((wake, poll_for)) = window {
-                if since >= wake {
-                    // The forecast message is due: poll for it, in one of
-                    // the agent's polling slots (none free: sleep on).
-                    window = None;
-                    if let Some(s) = SHM_POLLERS.try_take() {
-                        slot = Some(s);
-                        spin = Spin::new(poll_for, 64);
-                        ahead = true;
-                        handed_over = false;
-                        continue;
-                    }
-                }
+            if let Some((s, w)) = due(&mut window, since).and_then(open_window) {
+                (slot, spin, ahead, handed_over) = (Some(s), w, Ahead::Window, false);
+                continue;
             }
             let left = limit.map(|l| l.saturating_sub(since));
             if left.is_some_and(|l| l.is_zero()) {
@@ -1293,6 +1300,13 @@ impl ShmChannel {
             self.my_sleep().store(0, Ordering::SeqCst);
             if !self.rx.ready() && !self.peer_alive() {
                 return Err(ShmError::PeerGone);
+            }
+            // Woken when the forecast message is due: the window opens
+            // before the ring is looked at, so a message already there is
+            // its catch.
+            let since = started.map_or(Duration::ZERO, |t0| t0.elapsed());
+            if let Some((s, w)) = due(&mut window, since).and_then(open_window) {
+                (slot, spin, ahead, handed_over) = (Some(s), w, Ahead::Window, false);
             }
         }
     }
@@ -1332,6 +1346,23 @@ impl ShmChannel {
     pub fn close(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// What a wait polls for beyond its own spin (see [`crate::cadence`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    /// Nothing: its own spin, if any.
+    No,
+    /// A spin stretched over a short forecast gap.
+    Stretched,
+    /// The window after a sleep until the forecast message was due.
+    Window,
+}
+
+/// A forecast window of `poll_for`, polled in one of the agent's polling
+/// slots; `None` when every slot is taken (the wait sleeps on instead).
+fn open_window(poll_for: Duration) -> Option<(SpinSlot<'static>, Spin)> {
+    SHM_POLLERS.try_take().map(|s| (s, Spin::new(poll_for, 64)))
 }
 
 impl ShmChannel {
@@ -1679,7 +1710,8 @@ mod tests {
         assert!(matches!(a.unpark(), Err(ShmError::PeerGone)));
     }
 
-    /// A session that learned a 20 ms rhythm, with a polling slot.
+    /// A wait policy (no liveness wake-ups) and a cadence that learned a
+    /// rhythm of `gap`.
     fn following(gap: Duration) -> (WaitPolicy, Cadence) {
         let policy = WaitPolicy {
             spin: Duration::from_micros(50),
@@ -1692,17 +1724,39 @@ mod tests {
         (policy, cadence)
     }
 
+    /// The agent's sleep word, seen from the client.
+    fn agent_word(c: &ShmChannel) -> u32 {
+        c.arena().atomic_u32(AGENT_SLEEP).load(Ordering::SeqCst)
+    }
+
+    /// Spins until `cond` holds or `limit` passes; whether it held.
+    fn spin_until(limit: Duration, cond: impl Fn() -> bool) -> bool {
+        let t0 = Instant::now();
+        while !cond() {
+            if t0.elapsed() > limit {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        true
+    }
+
     #[test]
     fn a_wait_polls_again_when_a_forecast_message_is_due() {
         let (mut c, mut a, limits) = pair(small());
         let gap = Duration::from_millis(20);
         let slots = crate::spin::SpinSlots::with_cap(1);
-        // The message comes long after its forecast: the wait wakes at
-        // ~20 ms, polls its window, misses, sleeps again (its slice is
-        // 5 s), and the send wakes it.
+        // The message comes after the window: the wait sleeps, wakes by
+        // itself at ~20 ms, polls, misses, sleeps again (its slice is 5 s),
+        // and the send wakes it. The sender sends once the agent sleeps
+        // again (or, if it never saw the agent awake, after 1 s).
         let (policy, mut cadence) = following(gap);
         let late = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(80));
+            let s = Duration::from_secs(1);
+            spin_until(s, || agent_word(&c) == SLEEP_FUTEX);
+            if spin_until(s, || agent_word(&c) != SLEEP_FUTEX) {
+                spin_until(s, || agent_word(&c) == SLEEP_FUTEX);
+            }
             assert!(c.send(&Header::new(Kind::Ping), &[]).unwrap());
             c
         });
@@ -1736,20 +1790,20 @@ mod tests {
             c = late.join().unwrap();
             assert_eq!(cadence.polls(), (0, 0));
         }
-        // A message sent while the window polls is caught without a
-        // wake-up. The sender watches the agent's sleep word: asleep after
-        // its spin, then awake by itself; it sends at once. (A sender
-        // descheduled through the whole window sees it asleep again and
-        // tries the next round.)
-        let word = |c: &ShmChannel| c.arena().atomic_u32(AGENT_SLEEP).load(Ordering::SeqCst);
+        // A message that is there when the agent wakes by itself is
+        // caught by its window: the sender publishes it while the agent
+        // sleeps (5 ms into its sleep, 15 before the window), without the
+        // wake-up a send would make. (An agent descheduled between its
+        // sleep word and its sleep sees the message before sleeping: that
+        // round is tried again.)
         let mut caught = false;
-        for _ in 0..5 {
+        for _ in 0..3 {
             let (policy, mut cadence) = following(gap);
             let sender = std::thread::spawn(move || {
-                let t0 = Instant::now();
-                while word(&c) != SLEEP_FUTEX && t0.elapsed() < Duration::from_secs(2) {}
-                while word(&c) == SLEEP_FUTEX && t0.elapsed() < Duration::from_secs(2) {}
-                assert!(c.send(&Header::new(Kind::Ping), &[]).unwrap());
+                spin_until(Duration::from_secs(2), || agent_word(&c) == SLEEP_FUTEX);
+                std::thread::sleep(Duration::from_millis(5));
+                let ping = Header::new(Kind::Ping).encode();
+                assert!(c.tx.push_message(&ping, &[]).unwrap());
                 c
             });
             let got = a.recv_or_park(
@@ -1766,7 +1820,10 @@ mod tests {
                 break;
             }
         }
-        assert!(caught, "no window caught a message sent while it polled");
+        assert!(
+            caught,
+            "no window caught a message that was there when it opened"
+        );
     }
 
     #[test]
