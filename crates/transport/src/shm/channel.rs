@@ -1741,6 +1741,19 @@ mod tests {
         true
     }
 
+    /// One message through `recv_or_park` (parking after 10 s), as the
+    /// agent waits for a request.
+    fn recv_one(
+        a: &mut ShmChannel,
+        limits: &Limits,
+        policy: WaitPolicy,
+        slot: Option<SpinSlot<'_>>,
+        cadence: Option<&mut Cadence>,
+    ) {
+        let got = a.recv_or_park(limits, policy, Duration::from_secs(10), slot, cadence);
+        assert!(matches!(got, Ok(Some(_))), "{got:?}");
+    }
+
     #[test]
     fn a_wait_polls_again_when_a_forecast_message_is_due() {
         let (mut c, mut a, limits) = pair(small());
@@ -1760,14 +1773,13 @@ mod tests {
             assert!(c.send(&Header::new(Kind::Ping), &[]).unwrap());
             c
         });
-        let got = a.recv_or_park(
+        recv_one(
+            &mut a,
             &limits,
             policy,
-            Duration::from_secs(10),
             slots.try_take(),
             Some(&mut cadence),
         );
-        assert!(matches!(got, Ok(Some(_))), "{got:?}");
         let mut c = late.join().unwrap();
         assert_eq!(cadence.polls(), (0, 1), "one window, missed");
         // Without a slot, or without a cadence, no window.
@@ -1779,14 +1791,13 @@ mod tests {
                 c
             });
             let slot = slot.then(|| slots.try_take()).flatten();
-            let got = a.recv_or_park(
+            recv_one(
+                &mut a,
                 &limits,
                 policy,
-                Duration::from_secs(10),
                 slot,
                 follow.then_some(&mut cadence),
             );
-            assert!(matches!(got, Ok(Some(_))), "{got:?}");
             c = late.join().unwrap();
             assert_eq!(cadence.polls(), (0, 0));
         }
@@ -1806,14 +1817,13 @@ mod tests {
                 assert!(c.tx.push_message(&ping, &[]).unwrap());
                 c
             });
-            let got = a.recv_or_park(
+            recv_one(
+                &mut a,
                 &limits,
                 policy,
-                Duration::from_secs(10),
                 slots.try_take(),
                 Some(&mut cadence),
             );
-            assert!(matches!(got, Ok(Some(_))), "{got:?}");
             c = sender.join().unwrap();
             if cadence.polls() == (1, 0) {
                 caught = true;
