@@ -1304,9 +1304,12 @@ impl ShmChannel {
             // Woken when the forecast message is due: the window opens
             // before the ring is looked at, so a message already there is
             // its catch.
-            let since = started.map_or(Duration::ZERO, |t0| t0.elapsed());
-            if let Some((s, w)) = due(&mut window, since).and_then(open_window) {
-                (slot, spin, ahead, handed_over) = (Some(s), w, Ahead::Window, false);
+            // (No clock read after a sleep without a forecast.)
+            if window.is_some() {
+                let since = started.map_or(Duration::ZERO, |t0| t0.elapsed());
+                if let Some((s, w)) = due(&mut window, since).and_then(open_window) {
+                    (slot, spin, ahead, handed_over) = (Some(s), w, Ahead::Window, false);
+                }
             }
         }
     }
